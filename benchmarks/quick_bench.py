@@ -1,0 +1,68 @@
+"""Quick roofline check: cuprope vs a device-to-device copy of the same bytes.
+
+Bandwidth counts the fewest bytes the operation must move: q and k read once
+and written once (in-place partial rotary: only the rotated part). Timed with
+CUDA events, after warm-up, median of many runs, inputs rotated among several
+buffer sets so the L2 does not hold them."""
+import statistics
+import sys
+
+import torch
+
+import cuprope
+
+
+def timed(fn, reps=50, warm=5):
+    for _ in range(warm):
+        fn()
+    ts = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        ts.append(a.elapsed_time(b) * 1e-3)
+    return statistics.median(ts)
+
+
+def main():
+    dev = torch.cuda.get_device_name()
+    rows = []
+    shapes = [("llama3-8b prefill", 4, 4096, 32, 8, 128), ("32k seq", 1, 32768, 32, 8, 128),
+              ("D64 MHA", 8, 2048, 16, 16, 64), ("decode B256", 256, 1, 32, 8, 128)]
+    for name, b, s, hq, hk, d in shapes:
+        for dt in (torch.bfloat16, torch.float32):
+            sets = [(torch.randn(b, s, hq, d, device="cuda", dtype=dt),
+                     torch.randn(b, s, hk, d, device="cuda", dtype=dt)) for _ in range(3)]
+            outs = [(torch.empty_like(q), torch.empty_like(k)) for q, k in sets]
+            cfg = cuprope.RopeConfig(d)
+            nbytes = 2 * sum(q.numel() + k.numel() for q, k in sets[:1]) * sets[0][0].element_size()
+            src = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda")
+            dst = torch.empty_like(src)
+            i = [0]
+
+            def run_rope():
+                j = i[0] % 3
+                i[0] += 1
+                cuprope.rope_qk_forward(*sets[j], cfg, out=outs[j])
+
+            def run_inplace():
+                j = i[0] % 3
+                i[0] += 1
+                cuprope.rope_qk_forward(*sets[j], cfg, inplace=True)
+
+            t_copy = timed(lambda: dst.copy_(src))
+            t_rope = timed(run_rope)
+            t_inpl = timed(run_inplace)
+            rows.append((name, str(dt).replace("torch.", ""), nbytes / t_copy / 1e12,
+                         nbytes / t_rope / 1e12, t_rope * 1e6, nbytes / t_inpl / 1e12))
+    print(f"device: {dev}")
+    print(f"{'shape':<18} {'dtype':<9} {'copy TB/s':>9} {'qk TB/s':>8} {'qk us':>8} {'ratio':>6} {'inpl ratio':>10}")
+    for r in rows:
+        print(f"{r[0]:<18} {r[1]:<9} {r[2]:9.2f} {r[3]:8.2f} {r[4]:8.1f} {r[3] / r[2]:6.3f} {r[5] / r[2]:10.3f}")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()

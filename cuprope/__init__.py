@@ -1,0 +1,34 @@
+"""cuprope: rotary position embedding for GPUs, exact angles, any framework.
+
+Quick use::
+
+    import cuprope
+    cfg = cuprope.RopeConfig(rotary_dim=128)            # θ_i = 10000^(−2i/128), half split
+    q_rot, k_rot = cuprope.rope_qk_forward(q, k, cfg)   # q [B, S, Hq, D], k [B, S, Hk, D]
+    dq, dk = cuprope.rope_qk_backward(gq, gk, cfg)
+"""
+from .api import rope_backward, rope_forward, rope_qk_backward, rope_qk_forward
+from .config import LAYOUTS, RopeConfig
+from .reference import default_inv_freq
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "RopeConfig",
+    "LAYOUTS",
+    "default_inv_freq",
+    "rope_forward",
+    "rope_backward",
+    "rope_qk_forward",
+    "rope_qk_backward",
+    "gpu_available",
+]
+
+
+def gpu_available() -> bool:
+    """True when CuPy is importable and sees at least one CUDA device."""
+    try:
+        import cupy
+        return cupy.cuda.is_available()
+    except Exception:  # ImportError, or a CUDA driver/runtime error
+        return False

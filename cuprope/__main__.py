@@ -1,0 +1,24 @@
+"""Command line: ``python -m cuprope check``."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m cuprope", description=__doc__)
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    p_check = sub.add_parser("check", help="apply RoPE in every supported configuration on this "
+                             "machine (GPU kernels, or the NumPy backend with no GPU) and compare "
+                             "with the float64 reference")
+    p_check.add_argument("--cpu", action="store_true", help="force the NumPy backend")
+    p_check.add_argument("--head-dim", type=int, default=128)
+    args = parser.parse_args(argv)
+    if args.cmd == "check":
+        from .check import run
+        return 0 if run(use_gpu=False if args.cpu else None, head_dim=args.head_dim) else 1
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

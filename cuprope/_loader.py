@@ -1,0 +1,92 @@
+"""Builds the kernel module: one CuPy ``RawModule`` per device, compiled lazily.
+
+The ``.cu``/``.cuh`` sources ship inside the package (``cuprope.kernels``).
+CuPy's on-disk cache keys on the source string and options but not on
+``#include``d files, so a hash of every file in the kernel folder is passed as
+a ``-D`` option: editing any header changes the key.
+"""
+from __future__ import annotations
+
+import hashlib
+import threading
+from importlib import resources
+
+KERNEL_PACKAGE = "cuprope.kernels"
+ENTRY = "rope.cu"
+
+DTYPE_CTYPES = {"float32": "float", "float16": "__half", "bfloat16": "__nv_bfloat16"}
+ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
+
+
+def vec_widths(dtype: str) -> tuple[int, ...]:
+    """Pairs per thread that a kernel is instantiated for, widest first.
+
+    The widest gives 16-byte loads (8 half/bf16 or 4 float elements)."""
+    widest = 16 // ITEMSIZE[dtype]
+    return tuple(v for v in (8, 4, 2, 1) if v <= widest)
+
+
+def kernel_name(dtype: str, interleaved: bool, vec: int) -> str:
+    return f"cuprope::rope_kernel<{DTYPE_CTYPES[dtype]}, {'true' if interleaved else 'false'}, {vec}>"
+
+
+def all_kernel_names() -> list[str]:
+    """Every instantiation the Python side can launch."""
+    return [kernel_name(dt, il, v)
+            for dt in DTYPE_CTYPES for il in (False, True) for v in vec_widths(dt)]
+
+
+def kernel_dir():
+    return resources.files(KERNEL_PACKAGE)
+
+
+def kernel_sources() -> dict[str, str]:
+    """All ``.cu``/``.cuh`` files of the kernel folder, by name."""
+    folder = kernel_dir()
+    return {p.name: p.read_text() for p in sorted(folder.iterdir(), key=lambda p: p.name)
+            if p.name.endswith((".cu", ".cuh"))}
+
+
+def source_hash() -> str:
+    h = hashlib.sha256()
+    for name, text in kernel_sources().items():
+        h.update(name.encode())
+        h.update(b"\0")
+        h.update(text.encode())
+    return h.hexdigest()[:16]
+
+
+def compile_options() -> tuple[str, ...]:
+    """NVRTC options (CuPy adds the arch and its own standard flags)."""
+    return (f"-I{kernel_dir()}", f"-DCUPROPE_SOURCE_HASH=0x{source_hash()}ULL")
+
+
+class _Modules:
+    """Per-device cache of the compiled module and its functions."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._by_device: dict[int, dict[str, object]] = {}
+
+    def functions(self, device_id: int) -> dict[str, object]:
+        fns = self._by_device.get(device_id)
+        if fns is None:
+            with self._lock:
+                fns = self._by_device.get(device_id)
+                if fns is None:
+                    fns = self._build(device_id)
+                    self._by_device[device_id] = fns
+        return fns
+
+    @staticmethod
+    def _build(device_id: int) -> dict[str, object]:
+        import cupy
+
+        names = all_kernel_names()
+        code = kernel_sources()[ENTRY]
+        with cupy.cuda.Device(device_id):
+            module = cupy.RawModule(code=code, options=compile_options(), name_expressions=names)
+            return {n: module.get_function(n) for n in names}
+
+
+MODULES = _Modules()

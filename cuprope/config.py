@@ -1,0 +1,121 @@
+"""RopeConfig: a model's RoPE settings, stated once and reused for every call."""
+from __future__ import annotations
+
+import numpy as np
+
+from .reference import default_inv_freq
+
+LAYOUTS = ("bshd", "bhsd", "thd")
+
+
+class RopeConfig:
+    """A model's rotary embedding settings.
+
+    Parameters
+    ----------
+    rotary_dim : int
+        R, the number of leading dims of each head that rotate (even). Dims
+        ``[R, D)`` pass through: copied unchanged out-of-place, never touched
+        in-place.
+    base : float
+        Frequency base for the default table θ_i = base^(−2i/R). Ignored when
+        ``inv_freq`` is given.
+    inv_freq : array-like, optional
+        Inverse frequency per rotated pair, ``[R/2]`` shared by all heads or
+        ``[H, R/2]`` one row per head. Held in float64.
+    interleaved : bool
+        Pairs (2i, 2i+1) (RoFormer, GPT-J) when True; half split (i, i + R/2)
+        (GPT-NeoX, LLaMA, HF ``rotate_half``) when False.
+    layout : {"bshd", "bhsd", "thd"}
+        Tensor layout: ``[B, S, H, D]``, ``[B, H, S, D]`` or packed ``[T, H, D]``.
+    scale : float
+        Multiplies cos and sin (YaRN's attention factor, ggml's mscale).
+    stream_map : array-like of int, optional
+        Position stream per pair, ``[R/2]`` (multimodal RoPE). Positions then
+        carry a leading stream axis.
+    """
+
+    __slots__ = ("rotary_dim", "interleaved", "layout", "scale", "inv_freq",
+                 "stream_map", "n_streams", "_device_tables")
+
+    def __init__(self, rotary_dim: int, *, base: float = 10000.0, inv_freq=None,
+                 interleaved: bool = False, layout: str = "bshd", scale: float = 1.0,
+                 stream_map=None):
+        if isinstance(rotary_dim, bool) or not isinstance(rotary_dim, (int, np.integer)):
+            raise TypeError(f"rotary_dim must be an int, got {type(rotary_dim).__name__}")
+        rotary_dim = int(rotary_dim)
+        if rotary_dim <= 0 or rotary_dim % 2:
+            raise ValueError(f"rotary_dim must be a positive even integer, got {rotary_dim}")
+        if layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+        if inv_freq is None:
+            if not np.isfinite(base) or base <= 0:
+                raise ValueError(f"base must be a positive finite number, got {base}")
+            table = default_inv_freq(rotary_dim, base)
+        else:
+            table = np.array(_host(inv_freq), dtype=np.float64)
+            if table.ndim not in (1, 2) or table.shape[-1] != rotary_dim // 2:
+                raise ValueError(
+                    f"inv_freq must have shape [R/2] or [H, R/2] with R/2 = {rotary_dim // 2}, "
+                    f"got {table.shape}")
+            if not np.all(np.isfinite(table)):
+                raise ValueError("inv_freq must be finite")
+        table.setflags(write=False)
+        smap = None
+        n_streams = 1
+        if stream_map is not None:
+            smap = np.array(_host(stream_map))
+            if smap.shape != (rotary_dim // 2,) or smap.dtype.kind not in "iu":
+                raise ValueError(
+                    f"stream_map must be an integer array of shape [{rotary_dim // 2}], "
+                    f"got {smap.dtype} {smap.shape}")
+            if smap.min() < 0:
+                raise ValueError("stream_map entries must be >= 0")
+            smap = smap.astype(np.int32)
+            smap.setflags(write=False)
+            n_streams = int(smap.max()) + 1
+        self.rotary_dim = rotary_dim
+        self.interleaved = bool(interleaved)
+        self.layout = layout
+        self.scale = float(scale)
+        self.inv_freq = table
+        self.stream_map = smap
+        self.n_streams = n_streams
+        self._device_tables = {}
+
+    @property
+    def per_head(self) -> bool:
+        """True when the frequency table has one row per head."""
+        return self.inv_freq.ndim == 2
+
+    def device_tables(self, device_id: int):
+        """(inv_freq, stream_map or None) as CuPy arrays on ``device_id``.
+
+        Built on first use per device and kept, so later calls (and CUDA graph
+        capture) allocate nothing."""
+        tables = self._device_tables.get(device_id)
+        if tables is None:
+            import cupy
+            with cupy.cuda.Device(device_id):
+                f = cupy.asarray(self.inv_freq)
+                m = None if self.stream_map is None else cupy.asarray(self.stream_map)
+                cupy.cuda.get_current_stream().synchronize()
+            tables = (f, m)
+            self._device_tables[device_id] = tables
+        return tables
+
+    def __repr__(self):
+        extra = ", per_head" if self.per_head else ""
+        if self.stream_map is not None:
+            extra += f", n_streams={self.n_streams}"
+        return (f"RopeConfig(rotary_dim={self.rotary_dim}, interleaved={self.interleaved}, "
+                f"layout={self.layout!r}, scale={self.scale}{extra})")
+
+
+def _host(a):
+    """Array-like on the host (accepts NumPy, lists, CuPy/torch tensors)."""
+    if hasattr(a, "get") and type(a).__module__.startswith("cupy"):
+        return a.get()
+    if type(a).__module__.startswith("torch"):
+        return a.detach().cpu().numpy()
+    return np.asarray(a)

@@ -1,0 +1,94 @@
+"""Float64 NumPy reference for every rotation cuprope computes.
+
+This module is the CPU backend and the tests' oracle. It is written from the
+seed formulas (RoFormer's block-diagonal R_m, its element-wise cos/sin form,
+the half-split "rotate_half" form), not from the CUDA kernel.
+
+Canonical layout here: ``x`` is ``[B, S, H, D]``. The public API maps the
+``bhsd`` and ``thd`` layouts onto it with views before calling in.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = [
+    "default_inv_freq",
+    "token_positions",
+    "pair_angles",
+    "rotate",
+]
+
+
+def default_inv_freq(rotary_dim: int, base: float = 10000.0) -> np.ndarray:
+    """θ_i = base^(−2i/R) for i = 0 … R/2 − 1, float64 ``[R/2]``."""
+    if rotary_dim <= 0 or rotary_dim % 2:
+        raise ValueError(f"rotary_dim must be a positive even integer, got {rotary_dim}")
+    i = np.arange(rotary_dim // 2, dtype=np.float64)
+    return np.power(float(base), -2.0 * i / rotary_dim)
+
+
+def token_positions(batch: int, seq: int, *, positions=None, offset: int = 0,
+                    seq_offsets=None, n_streams: int = 1) -> np.ndarray:
+    """Positions as int64 ``[n_streams, B, S]``.
+
+    ``positions``: None (implicit 0…S−1), or an integer array ``[S]``,
+    ``[B, S]``, or with a leading stream axis ``[n_streams, S]`` /
+    ``[n_streams, B, S]``. ``offset`` is added to every position and
+    ``seq_offsets[b]`` to every position of sequence b.
+    """
+    if positions is None:
+        p = np.broadcast_to(np.arange(seq, dtype=np.int64), (n_streams, batch, seq))
+    else:
+        p = np.asarray(positions).astype(np.int64)
+        if p.ndim == 1:
+            p = p[None, None, :]
+        elif p.ndim == 2 and n_streams == 1:
+            p = p[None]
+        elif p.ndim == 2:
+            p = p[:, None, :]
+        p = np.broadcast_to(p, (n_streams, batch, seq))
+    p = p + np.int64(offset)
+    if seq_offsets is not None:
+        p = p + np.asarray(seq_offsets).astype(np.int64)[None, :, None]
+    return p
+
+
+def pair_angles(pos: np.ndarray, inv_freq: np.ndarray, stream_map=None) -> np.ndarray:
+    """Angles m·θ_j in float64.
+
+    pos: int64 ``[n_streams, B, S]``; inv_freq: ``[P]`` or ``[H, P]``;
+    stream_map: None or ``[P]`` stream index per pair.
+    Returns ``[B, S, 1, P]`` for a shared table, ``[B, S, H, P]`` per head.
+    """
+    inv_freq = np.asarray(inv_freq, dtype=np.float64)
+    npairs = inv_freq.shape[-1]
+    smap = np.zeros(npairs, dtype=np.int64) if stream_map is None else np.asarray(stream_map)
+    pos_pair = pos[smap].astype(np.float64)          # [P, B, S]
+    pos_pair = np.moveaxis(pos_pair, 0, -1)[:, :, None, :]  # [B, S, 1, P]
+    table = inv_freq if inv_freq.ndim == 2 else inv_freq[None, :]
+    return pos_pair * table[None, None, :, :]
+
+
+def rotate(x, angles, *, rotary_dim: int, interleaved: bool, scale: float = 1.0,
+           inverse: bool = False) -> np.ndarray:
+    """Apply the rotation in float64.
+
+    x: ``[B, S, H, D]``; angles: ``[B, S, H or 1, R/2]``. Pairs are (2j, 2j+1)
+    when ``interleaved`` else (j, j + R/2); dims ≥ R are returned unchanged.
+    Each pair becomes (x1·cos − x2·sin, x2·cos + x1·sin)·scale; ``inverse``
+    uses −sin (the transposed rotation, i.e. the backward of the forward).
+    """
+    x = np.asarray(x, dtype=np.float64)
+    out = x.copy()
+    half = rotary_dim // 2
+    cos = np.cos(angles) * scale
+    sin = np.sin(angles) * scale * (-1.0 if inverse else 1.0)
+    if interleaved:
+        x1, x2 = x[..., 0:rotary_dim:2], x[..., 1:rotary_dim:2]
+        out[..., 0:rotary_dim:2] = x1 * cos - x2 * sin
+        out[..., 1:rotary_dim:2] = x2 * cos + x1 * sin
+    else:
+        x1, x2 = x[..., :half], x[..., half:rotary_dim]
+        out[..., :half] = x1 * cos - x2 * sin
+        out[..., half:rotary_dim] = x2 * cos + x1 * sin
+    return out

@@ -1,0 +1,27 @@
+import numpy as np
+import pytest
+
+import cuprope
+
+HAS_GPU = cuprope.gpu_available()
+
+requires_gpu = pytest.mark.skipif(not HAS_GPU, reason="no CUDA GPU visible (CuPy absent or no device)")
+
+
+def _has(mod):
+    try:
+        __import__(mod)
+        return True
+    except Exception:
+        return False
+
+
+HAS_TORCH = _has("torch")
+HAS_JAX = _has("jax")
+
+
+@pytest.fixture
+def rng(request):
+    # A different but reproducible stream per test.
+    seed = abs(hash(request.node.nodeid)) % (2 ** 32)
+    return np.random.default_rng(seed)

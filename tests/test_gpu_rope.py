@@ -1,0 +1,349 @@
+"""GPU kernel vs the float64 reference (skipped with a reason where there is no GPU).
+
+Outputs are poisoned with NaN before each kernel runs (``out=`` prefilled), so
+an element the kernel fails to write fails the comparison.
+"""
+import json
+import os
+
+import numpy as np
+import pytest
+
+import cuprope
+from conftest import HAS_GPU, HAS_JAX, HAS_TORCH
+from oracle import assert_matches, expected
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not HAS_GPU, reason="no CUDA GPU visible (CuPy absent or no device)"),
+    pytest.mark.skipif(not HAS_TORCH, reason="torch is needed to build the GPU test tensors"),
+]
+
+DTYPES = ["float32", "float16", "bfloat16"]
+HEAD_DIMS = [64, 80, 96, 128, 256, 48]
+LAYOUTS = ["bshd", "bhsd", "thd"]
+
+MAX_ERR: dict = {}
+
+
+def _record(dtype, err, xmax):
+    MAX_ERR[dtype] = max(MAX_ERR.get(dtype, 0.0), err / xmax)
+
+
+def teardown_module(module):
+    path = os.environ.get("CUPROPE_ERR_REPORT")
+    if path and MAX_ERR:
+        with open(path, "w") as f:
+            json.dump({k: v for k, v in MAX_ERR.items()}, f, indent=1)
+
+
+def tdt(dtype):
+    import torch
+    return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[dtype]
+
+
+def rand(shape, dtype, rng, device="cuda"):
+    import torch
+    a = rng.standard_normal(shape).astype(np.float32)
+    return torch.from_numpy(a).to(device=device, dtype=tdt(dtype))
+
+
+def host(t):
+    return t.detach().float().cpu().numpy().astype(np.float64)
+
+
+def poisoned_like(t):
+    import torch
+    return torch.full_like(t, float("nan"))
+
+
+def shape_for(layout, b, s, h, d):
+    return {"bshd": (b, s, h, d), "bhsd": (b, h, s, d), "thd": (b * s, h, d)}[layout]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+@pytest.mark.parametrize("partial", [False, True], ids=["R=D", "R<D"])
+@pytest.mark.parametrize("interleaved", [False, True], ids=["half", "interleaved"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_forward_and_backward_match_reference(dtype, interleaved, partial, head_dim, layout, rng):
+    rot = head_dim // 2 if partial else head_dim
+    cfg = cuprope.RopeConfig(rot, interleaved=interleaved, layout=layout, base=10000.0)
+    x = rand(shape_for(layout, 2, 19, 3, head_dim), dtype, rng)
+    offset = int(rng.integers(0, 5000))
+    xmax = float(host(x).__abs__().max())
+    for inverse, fn in ((False, cuprope.rope_forward), (True, cuprope.rope_backward)):
+        out = poisoned_like(x)
+        res = fn(x, cfg, offset=offset, out=out)
+        assert res is out
+        ref = expected(host(x), cfg, inverse=inverse, offset=offset)
+        _record(dtype, assert_matches(host(out), ref, xmax, dtype), xmax)
+        # the default-allocated output path gives the same bits
+        res2 = fn(x, cfg, offset=offset)
+        assert type(res2) is type(x) and res2.device == x.device
+        assert (res2.view(-1).view(np_int_view(dtype)) == out.view(-1).view(np_int_view(dtype))).all()
+
+
+def np_int_view(dtype):
+    import torch
+    return torch.int32 if dtype == "float32" else torch.int16
+
+
+def _positions(kind, b, s, rng, device="cuda"):
+    import torch
+    if kind == "implicit":
+        return {}
+    if kind == "offset+seq_offsets":
+        so = torch.tensor(rng.integers(0, 1000, b), dtype=torch.int32, device=device)
+        return {"offset": 11, "seq_offsets": so}
+    if kind == "pos[S]int32":
+        return {"positions": torch.tensor(rng.integers(0, 70000, s), dtype=torch.int32, device=device)}
+    if kind == "pos[B,S]int64":
+        return {"positions": torch.tensor(rng.integers(0, 2 ** 20, (b, s)), dtype=torch.int64,
+                                          device=device)}
+    raise AssertionError(kind)
+
+
+def _np_pos(kw):
+    out = {}
+    for k, v in kw.items():
+        out[k] = v.cpu().numpy() if hasattr(v, "cpu") else v
+    return out
+
+
+@pytest.mark.parametrize("inplace", [False, True], ids=["out-of-place", "in-place"])
+@pytest.mark.parametrize("pos_kind", ["implicit", "offset+seq_offsets", "pos[S]int32", "pos[B,S]int64"])
+@pytest.mark.parametrize("interleaved", [False, True], ids=["half", "interleaved"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_fused_qk_gqa_on_strided_qkv_slices(dtype, interleaved, pos_kind, inplace, rng):
+    """q and k are column slices of one fused qkv projection (no copy), GQA head counts."""
+    import torch
+    b, s, hq, hk, d, rot = 3, 21, 8, 2, 128, 96
+    qkv = rand((b, s, (hq + 2 * hk) * d), dtype, rng)
+    q = qkv[..., : hq * d].unflatten(-1, (hq, d))
+    k = qkv[..., hq * d: (hq + hk) * d].unflatten(-1, (hk, d))
+    v_before = qkv[..., (hq + hk) * d:].clone()
+    assert not q.is_contiguous()
+    cfg = cuprope.RopeConfig(rot, interleaved=interleaved)
+    kw = _positions(pos_kind, b, s, rng)
+    q0, k0 = host(q), host(k)
+    xmax = max(np.abs(q0).max(), np.abs(k0).max())
+    if inplace:
+        rq, rk = cuprope.rope_qk_forward(q, k, cfg, inplace=True, **kw)
+        assert rq is q and rk is k
+        # in-place never touches dims >= R
+        assert torch.equal(host_t(q)[..., rot:], torch.from_numpy(q0[..., rot:]))
+    else:
+        oq, ok = poisoned_like(q), poisoned_like(k)
+        rq, rk = cuprope.rope_qk_forward(q, k, cfg, out=(oq, ok), **kw)
+        assert rq is oq and rk is ok
+    assert torch.equal(qkv[..., (hq + hk) * d:], v_before), "v was written"
+    for got, x0 in ((rq, q0), (rk, k0)):
+        ref = expected(x0, cfg, **_np_pos(kw))
+        _record(dtype, assert_matches(host(got), ref, xmax, dtype), xmax)
+    # backward undoes forward (within rounding of the dtype)
+    gq, gk = cuprope.rope_qk_backward(rq, rk, cfg, **kw)
+    for got, rot_in in ((gq, rq), (gk, rk)):
+        ref = expected(host(rot_in), cfg, inverse=True, **_np_pos(kw))
+        assert_matches(host(got), ref, xmax, dtype)
+
+
+def host_t(t):
+    import torch
+    return torch.from_numpy(host(t))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_packed_tokens_with_per_sequence_positions(dtype, rng):
+    import torch
+    seqlens = [5, 17, 1, 9]
+    t = sum(seqlens)
+    pos = np.concatenate([np.arange(n) for n in seqlens]).astype(np.int64)
+    cfg = cuprope.RopeConfig(64, layout="thd")
+    q = rand((t, 6, 64), dtype, rng)
+    k = rand((t, 2, 64), dtype, rng)
+    pt = torch.from_numpy(pos).cuda()
+    oq, ok = poisoned_like(q), poisoned_like(k)
+    cuprope.rope_qk_forward(q, k, cfg, positions=pt, out=(oq, ok))
+    xmax = max(np.abs(host(q)).max(), np.abs(host(k)).max())
+    for got, x in ((oq, q), (ok, k)):
+        assert_matches(host(got), expected(host(x), cfg, positions=pos), xmax, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_transposed_bhsd_view_and_unaligned_fallback(dtype, rng):
+    """A [B,H,S,D] view of a [B,S,H,D] tensor, and a misaligned slice that forces
+    the narrow (1-pair) kernel."""
+    base = rand((2, 13, 4, 64), dtype, rng)
+    x = base.transpose(1, 2)          # [B, H, S, D] with bshd memory order
+    cfg = cuprope.RopeConfig(64, layout="bhsd", interleaved=True)
+    out = poisoned_like(x)
+    cuprope.rope_forward(x, cfg, out=out, offset=3)
+    xmax = np.abs(host(x)).max()
+    assert_matches(host(out), expected(host(x), cfg, offset=3), xmax, dtype)
+
+    wide = rand((2, 13, 4, 67), dtype, rng)
+    y = wide[..., 1:65]               # row stride 67, base pointer off by one element
+    cfg2 = cuprope.RopeConfig(48)
+    out2 = poisoned_like(y)
+    cuprope.rope_forward(y, cfg2, out=out2)
+    assert_matches(host(out2), expected(host(y), cfg2), np.abs(host(y)).max(), dtype)
+
+
+@pytest.mark.parametrize("position", [2 ** 20, 131_072, 1_000_003, 2 ** 31 - 1])
+def test_angles_exact_at_large_positions(position, rng):
+    """fp32 output within 1e-6·max|x| of float64 at very large positions: the
+    angle is formed in float64 and reduced mod 2π before sincosf."""
+    import torch
+    cfg = cuprope.RopeConfig(128, base=10000.0)
+    x = rand((1, 8, 4, 128), "float32", rng)
+    pos = torch.arange(position - 7, position + 1, dtype=torch.int64, device="cuda")
+    out = poisoned_like(x)
+    cuprope.rope_forward(x, cfg, positions=pos, out=out)
+    xmax = np.abs(host(x)).max()
+    err = assert_matches(host(out), expected(host(x), cfg, positions=pos.cpu().numpy()), xmax,
+                         "float32")
+    _record("float32", err, xmax)
+
+
+def test_per_head_table_multistream_positions_and_scale(rng):
+    import torch
+    h, d = 5, 64
+    table = rng.uniform(1e-4, 1.0, (h, d // 2))
+    smap = np.array([0] * 8 + [1] * 12 + [2] * 12)
+    cfg = cuprope.RopeConfig(d, inv_freq=table, stream_map=smap, scale=1.25)
+    x = rand((2, 9, h, d), "float32", rng)
+    pos = torch.tensor(rng.integers(0, 5000, (3, 2, 9)), dtype=torch.int32, device="cuda")
+    out = poisoned_like(x)
+    cuprope.rope_forward(x, cfg, positions=pos, out=out)
+    ref = expected(host(x), cfg, positions=pos.cpu().numpy())
+    assert_matches(host(out), ref, np.abs(host(x)).max(), "float32", scale=1.25)
+    back = cuprope.rope_backward(out, cfg, positions=pos)
+    ref_b = expected(host(out), cfg, positions=pos.cpu().numpy(), inverse=True)
+    assert_matches(host(back), ref_b, np.abs(host(out)).max(), "float32", scale=1.25)
+
+
+def test_nan_and_inf_pass_through_their_own_pair(rng):
+    import torch
+    cfg = cuprope.RopeConfig(8)
+    x = rand((1, 3, 1, 8), "float32", rng)
+    x[0, 1, 0, 1] = float("nan")
+    x[0, 0, 0, 2] = float("inf")
+    y = cuprope.rope_forward(x, cfg)
+    yh = host(y)
+    assert np.isnan(yh[0, 1, 0, [1, 5]]).all()                   # pair (1, 5) at position 1
+    assert np.isfinite(np.delete(yh[0, 1, 0], [1, 5])).all()
+    assert np.isinf(yh[0, 0, 0, 2])                              # position 0: cos 1, sin 0
+    assert torch.isfinite(y[0, 2]).all()
+
+
+def test_empty_tensor_returns_empty_without_launch():
+    import torch
+    cfg = cuprope.RopeConfig(64)
+    x = torch.empty((0, 5, 2, 64), device="cuda", dtype=torch.float16)
+    y = cuprope.rope_forward(x, cfg)
+    assert y.shape == x.shape and y.device == x.device
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_cupy_arrays_in_cupy_out(dtype, rng):
+    import cupy
+    if dtype == "bfloat16":
+        pytest.importorskip("ml_dtypes")
+        import ml_dtypes
+        npdt = ml_dtypes.bfloat16
+    else:
+        npdt = np.dtype(dtype)
+    cfg = cuprope.RopeConfig(32, interleaved=True)
+    xh = rng.standard_normal((2, 7, 3, 48)).astype(npdt)
+    x = cupy.asarray(xh)
+    out = cupy.full(x.shape, np.nan, dtype=x.dtype)
+    res = cuprope.rope_forward(x, cfg, out=out, offset=100)
+    assert res is out
+    y = cuprope.rope_forward(x, cfg, offset=100)
+    assert isinstance(y, cupy.ndarray)
+    ref = expected(xh.astype(np.float64), cfg, offset=100)
+    assert_matches(cupy.asnumpy(out).astype(np.float64), ref, np.abs(xh.astype(np.float64)).max(), dtype)
+    assert_matches(cupy.asnumpy(y).astype(np.float64), ref, np.abs(xh.astype(np.float64)).max(), dtype)
+
+
+@pytest.mark.skipif(not HAS_JAX, reason="jax not installed")
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_jax_arrays_in_jax_out(dtype, rng):
+    import jax
+    import jax.numpy as jnp
+    gpus = [d for d in jax.devices() if d.platform == "gpu"]
+    if not gpus:
+        pytest.skip("jax sees no GPU")
+    cfg = cuprope.RopeConfig(64)
+    xh = rng.standard_normal((2, 11, 4, 64)).astype(np.float32)
+    x = jax.device_put(jnp.asarray(xh, dtype=getattr(jnp, dtype)), gpus[0])
+    q, k = cuprope.rope_qk_forward(x, x[:, :, :2], cfg, offset=9)
+    assert isinstance(q, jax.Array) and isinstance(k, jax.Array)
+    x64 = np.asarray(x.astype(jnp.float32)).astype(np.float64)
+    xmax = np.abs(x64).max()
+    assert_matches(np.asarray(q.astype(jnp.float32)), expected(x64, cfg, offset=9), xmax, dtype)
+    assert_matches(np.asarray(k.astype(jnp.float32)), expected(x64[:, :, :2], cfg, offset=9), xmax, dtype)
+    # the input JAX array is unchanged (cuprope never writes a JAX buffer)
+    assert np.array_equal(np.asarray(x.astype(jnp.float32)), x64.astype(np.float32))
+    with pytest.raises(TypeError, match="immutable"):
+        cuprope.rope_forward(x, cfg, inplace=True)
+
+
+def test_runs_on_torch_current_side_stream(rng):
+    """The kernel must run on torch's current stream: the input is produced on a
+    side stream behind a long sleep; a launch on any other stream would read NaN."""
+    import torch
+    cfg = cuprope.RopeConfig(128)
+    src = rand((4, 256, 8, 128), "bfloat16", rng)
+    x = torch.full_like(src, float("nan"))
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        torch.cuda._sleep(100_000_000)
+        x.copy_(src)
+        y = cuprope.rope_forward(x, cfg)
+    s.synchronize()
+    assert_matches(host(y), expected(host(src), cfg), np.abs(host(src)).max(), "bfloat16")
+
+
+def test_cuda_graph_capture_and_replay(rng):
+    import torch
+    cfg = cuprope.RopeConfig(64)
+    q = rand((2, 16, 4, 64), "float16", rng)
+    k = rand((2, 16, 2, 64), "float16", rng)
+    pos = torch.arange(16, device="cuda", dtype=torch.int32)
+    cuprope.rope_qk_forward(q, k, cfg, positions=pos)  # warm-up: compile, tables
+    oq, ok = torch.empty_like(q), torch.empty_like(k)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        cuprope.rope_qk_forward(q, k, cfg, positions=pos, out=(oq, ok))
+    for _ in range(2):
+        q.copy_(rand(tuple(q.shape), "float16", rng))
+        pos.add_(1000)
+        oq.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        assert_matches(host(oq), expected(host(q), cfg, positions=pos.cpu().numpy()),
+                       np.abs(host(q)).max(), "float16")
+
+
+def test_second_gpu_when_present(rng):
+    import torch
+    if torch.cuda.device_count() < 2:
+        pytest.skip("one GPU on this machine")
+    cfg = cuprope.RopeConfig(64)
+    x = rand((2, 5, 3, 64), "float32", rng, device="cuda:1")
+    y = cuprope.rope_forward(x, cfg)
+    assert y.device == x.device
+    assert_matches(host(y), expected(host(x), cfg), np.abs(host(x)).max(), "float32")
+    k = rand((2, 5, 3, 64), "float32", rng, device="cuda:0")
+    with pytest.raises(ValueError, match="different devices"):
+        cuprope.rope_qk_forward(x, k, cfg)
+
+
+def test_gpu_positions_on_host_rejected(rng):
+    cfg = cuprope.RopeConfig(64)
+    x = rand((1, 4, 2, 64), "float32", rng)
+    with pytest.raises(ValueError, match="positions is on host"):
+        cuprope.rope_forward(x, cfg, positions=np.arange(4))
