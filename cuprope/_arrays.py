@@ -47,6 +47,35 @@ class ArrayInfo:
         return (self.ptr + lo * self.itemsize, self.ptr + (hi + 1) * self.itemsize)
 
 
+class _Interface:
+    __slots__ = ("__array_interface__",)
+
+    def __init__(self, d):
+        self.__array_interface__ = d
+
+
+def _pointer_view(info: ArrayInfo) -> np.ndarray:
+    """A NumPy array with ``info``'s address, shape and strides. Its memory is
+    never read: it only lets ``np.shares_memory`` do the address arithmetic."""
+    return np.asarray(_Interface({
+        "shape": tuple(info.shape), "typestr": f"|V{info.itemsize}", "version": 3,
+        "data": (info.ptr, True), "strides": tuple(s * info.itemsize for s in info.strides)}))
+
+
+def overlaps(a: ArrayInfo, b: ArrayInfo) -> bool:
+    """True when ``a`` and ``b`` share at least one element of memory (exact for
+    interleaved strided views, such as q and k slices of one fused qkv tensor)."""
+    if a.size == 0 or b.size == 0 or a.device != b.device:
+        return False
+    (alo, ahi), (blo, bhi) = a.extent(), b.extent()
+    if not (alo < bhi and blo < ahi):
+        return False
+    try:
+        return bool(np.shares_memory(_pointer_view(a), _pointer_view(b), max_work=100_000))
+    except np.exceptions.TooHardError:
+        return True
+
+
 _TORCH_DTYPES: dict = {}
 
 

@@ -12,15 +12,15 @@ import numpy as np
 from ._loader import ITEMSIZE, MODULES, kernel_name, vec_widths
 
 THREADS = 256      # kernels/rope.cuh kThreads
-UNROLL = 2         # kernels/rope.cuh kUnroll
-ITEMS_PER_BLOCK = THREADS * UNROLL
 SMEM_LIMIT = 32 * 1024
+MAX_TOKENS = 2 ** 31 - 1  # the kernel indexes tokens in 32 bits
 
 # Mirrors struct RopeArgs in kernels/rope.cuh: 34 int64, 2 float64, 2 int64.
 _ARGS = struct.Struct("<34q2d2q")
 _ARGS_DTYPE = np.dtype([("raw", np.uint8, (_ARGS.size,))])
 
 _SM_COUNT: dict[int, int] = {}
+_FUNCS: dict = {}
 
 
 def sm_count(device: int) -> int:
@@ -30,6 +30,20 @@ def sm_count(device: int) -> int:
         n = cupy.cuda.runtime.getDeviceProperties(device)["multiProcessorCount"]
         _SM_COUNT[device] = n
     return n
+
+
+def rows_in_flight(dtype: str, vec: int) -> int:
+    """kernels/rope.cuh rows_in_flight<T, VEC>()."""
+    return 2 if ITEMSIZE[dtype] * vec >= 16 else 4
+
+
+def _function(device, dtype, interleaved, vec):
+    key = (device, dtype, interleaved, vec)
+    fn = _FUNCS.get(key)
+    if fn is None:
+        fn = MODULES.functions(device)[kernel_name(dtype, interleaved, vec)]
+        _FUNCS[key] = fn
+    return fn
 
 
 class TensorPlan:
@@ -43,24 +57,44 @@ class TensorPlan:
         self.heads = heads
 
 
-def pick_vec(dtype, plans, npairs, head_dim, rot_dim, copy_rest, n_batch, n_seq) -> int:
-    """Widest pairs-per-thread whose loads stay aligned for every tensor."""
+def pick_vec(dtype, plans, npairs, tail, n_batch, n_seq) -> int:
+    """Widest pairs-per-thread whose loads stay aligned for every tensor.
+
+    ``tail``: pass-through elements copied per head (0 in-place). Every pointer
+    (in elements), every stride of a dim longer than one, R/2 and the tail must
+    be multiples of the width."""
+    itemsize = ITEMSIZE[dtype]
+    acc = npairs | tail
+    for p in plans:
+        if (p.in_ptr | p.out_ptr) % itemsize:
+            return 1
+        acc |= (p.in_ptr | p.out_ptr) // itemsize
+        for n, a, b in zip((n_batch, n_seq, p.heads), p.in_strides, p.out_strides):
+            if n > 1:
+                acc |= a | b
     for vec in vec_widths(dtype):
-        if npairs % vec or (copy_rest and (head_dim - rot_dim) % vec):
-            continue
-        nbytes = vec * ITEMSIZE[dtype]
-        ok = True
-        for p in plans:
-            for ptr in (p.in_ptr, p.out_ptr):
-                if ptr % nbytes:
-                    ok = False
-            for strides in (p.in_strides, p.out_strides):
-                for n, st in zip((n_batch, n_seq, p.heads), strides):
-                    if n > 1 and st % vec:
-                        ok = False
-        if ok:
+        if acc % vec == 0:
             return vec
     return 1
+
+
+def grid_for(device, dtype, vec, npairs, chunks, htot, tokens, shared_freq):
+    """(grid, block, tokens per block, heads per block, shared bytes)."""
+    bdx = min(chunks, THREADS)
+    bdy = max(1, THREADS // bdx)
+    rows_target = bdy * rows_in_flight(dtype, vec) * 2
+    if htot <= rows_target:
+        tpb = rows_target // htot
+        tpb = min(tpb, -(-tokens // (2 * sm_count(device))))
+        if shared_freq:
+            tpb = min(tpb, SMEM_LIMIT // (8 * npairs))
+        tpb = max(tpb, 1)
+        hpb, grid_y = htot, 1
+    else:
+        tpb, hpb = 1, rows_target
+        grid_y = -(-htot // hpb)
+    smem = tpb * npairs * 8 if shared_freq else 0
+    return (-(-tokens // tpb), grid_y, 1), (bdx, bdy, 1), tpb, hpb, smem
 
 
 def launch(*, device, stream_ptr, dtype, interleaved, plans, n_batch, n_seq, head_dim,
@@ -71,25 +105,12 @@ def launch(*, device, stream_ptr, dtype, interleaved, plans, n_batch, n_seq, hea
     pos: None or (ptr, is64, stride_stream, stride_b, stride_s);
     seq_off: None or (ptr, is64)."""
     npairs = rot_dim // 2
-    vec = pick_vec(dtype, plans, npairs, head_dim, rot_dim, copy_rest, n_batch, n_seq)
-    chunks = npairs // vec + ((head_dim - rot_dim) // vec if copy_rest else 0)
+    tail = head_dim - rot_dim if copy_rest else 0
+    vec = pick_vec(dtype, plans, npairs, tail, n_batch, n_seq)
+    chunks = (npairs + tail) // vec
     heads = [p.heads for p in plans] + [0] * (2 - len(plans))
-    htot = heads[0] + heads[1]
-    tokens = n_batch * n_seq
-    per_tok = htot * chunks
-    if per_tok <= ITEMS_PER_BLOCK:
-        tpb = ITEMS_PER_BLOCK // per_tok
-        tpb = min(tpb, -(-tokens // (4 * sm_count(device))), SMEM_LIMIT // (8 * npairs))
-        tpb = max(tpb, 1)
-        hpb, grid_y = htot, 1
-    else:
-        tpb = 1
-        groups = -(-per_tok // ITEMS_PER_BLOCK)
-        hpb = -(-htot // groups)
-        grid_y = -(-htot // hpb)
-    grid_x = -(-tokens // tpb)
-    smem = 0 if freq_sh else tpb * npairs * 8
-
+    grid, block, tpb, hpb, smem = grid_for(device, dtype, vec, npairs, chunks,
+                                           heads[0] + heads[1], n_batch * n_seq, freq_sh == 0)
     p0 = plans[0]
     p1 = plans[1] if len(plans) > 1 else p0
     pos_ptr, pos_is64, pss, psb, pst = pos if pos is not None else (0, 0, 0, 0, 0)
@@ -107,8 +128,8 @@ def launch(*, device, stream_ptr, dtype, interleaved, plans, n_batch, n_seq, hea
         scale, sin_sign,
         tpb, hpb)
     args = np.frombuffer(raw, dtype=_ARGS_DTYPE)
-    fn = MODULES.functions(device)[kernel_name(dtype, interleaved, vec)]
-    fn((grid_x, grid_y, 1), (THREADS, 1, 1), (args,), shared_mem=smem, stream=_Stream(stream_ptr))
+    _function(device, dtype, interleaved, vec)(grid, block, (args,), shared_mem=smem,
+                                              stream=_Stream(stream_ptr))
     return vec
 
 

@@ -22,8 +22,10 @@ from __future__ import annotations
 import numpy as np
 
 from . import reference
-from ._arrays import FLOAT_DTYPES, INDEX_DTYPES, describe, empty_like, wrap_like
+from ._arrays import FLOAT_DTYPES, INDEX_DTYPES, describe, empty_like, overlaps, wrap_like
 from .config import RopeConfig
+
+MAX_TOKENS = 2 ** 31 - 1  # the kernel indexes tokens in 32 bits
 
 __all__ = ["rope_forward", "rope_backward", "rope_qk_forward", "rope_qk_backward"]
 
@@ -125,11 +127,6 @@ def _same_view(a, b):
     return a.ptr == b.ptr and tuple(a.strides) == tuple(b.strides)
 
 
-def _overlap(a, b):
-    (alo, ahi), (blo, bhi) = a.extent(), b.extent()
-    return alo < bhi and blo < ahi and a.size > 0 and b.size > 0
-
-
 def _check_index(info, name, device, shapes):
     if info.dtype not in INDEX_DTYPES:
         raise TypeError(f"{name} must have dtype int32 or int64, got {info.dtype}")
@@ -175,6 +172,8 @@ def _rope(xs, names, config, inverse, positions, offset, seq_offsets, outs, inpl
             raise ValueError(f"{names[0]} and {names[1]} must have the same head dim, "
                              f"got {d} and {k.shape[-1]}")
     device = infos[0].device
+    if b * s > MAX_TOKENS:
+        raise ValueError(f"at most {MAX_TOKENS} tokens (B*S) per call, got {b * s}")
 
     # outputs
     out_infos = None
@@ -191,10 +190,10 @@ def _rope(xs, names, config, inverse, positions, offset, seq_offsets, outs, inpl
     if out_infos is not None:
         for i, o in enumerate(out_infos):
             for j, src in enumerate(infos):
-                if _overlap(o, src) and not (i == j and _same_view(o, src)):
+                if overlaps(o, src) and not (i == j and _same_view(o, src)):
                     raise ValueError("out overlaps an input without being exactly that input; "
                                      "use inplace=True (or out=input) for in-place rotation")
-        if len(out_infos) == 2 and _overlap(out_infos[0], out_infos[1]):
+        if len(out_infos) == 2 and overlaps(out_infos[0], out_infos[1]):
             raise ValueError("the two outputs overlap")
 
     # positions

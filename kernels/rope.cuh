@@ -107,9 +107,10 @@ __device__ __forceinline__ long long load_index(long long ptr, long long i, bool
 }
 
 // Position of token `tok` in position stream `stream`.
-__device__ __forceinline__ long long token_position(const RopeArgs& a, long long tok, int stream) {
-  const long long b = tok / a.n_seq;
-  const long long s = tok - b * a.n_seq;
+__device__ __forceinline__ long long token_position(const RopeArgs& a, unsigned tok, int stream) {
+  const unsigned n_seq = static_cast<unsigned>(a.n_seq);
+  const long long b = tok / n_seq;
+  const long long s = tok - static_cast<unsigned>(b) * n_seq;
   long long p = a.offset;
   if (a.seq_off_ptr) p += load_index(a.seq_off_ptr, b, a.seq_off_is64);
   if (a.pos_ptr) {
@@ -122,7 +123,7 @@ __device__ __forceinline__ long long token_position(const RopeArgs& a, long long
 
 // (cos, sin) of pair j for token tok and head row `frow` of the frequency table,
 // with scale and sin sign applied.
-__device__ __forceinline__ float2 pair_cos_sin(const RopeArgs& a, long long tok, int j, long long frow) {
+__device__ __forceinline__ float2 pair_cos_sin(const RopeArgs& a, unsigned tok, int j, long long frow) {
   const int stream = a.stream_map_ptr ? reinterpret_cast<const int*>(a.stream_map_ptr)[j] : 0;
   const double f = reinterpret_cast<const double*>(a.inv_freq_ptr)[frow * a.freq_sh + j];
   const float2 cs = exact_cos_sin(token_position(a, tok, stream), f);
@@ -130,66 +131,63 @@ __device__ __forceinline__ float2 pair_cos_sin(const RopeArgs& a, long long tok,
   return make_float2(cs.x * sc, cs.y * sc * static_cast<float>(a.sin_sign));
 }
 
-constexpr int kThreads = 256;  // threads per block; the host launches exactly this many
-constexpr int kUnroll = 2;     // items each thread keeps in flight
+constexpr int kThreads = 256;  // most threads per block (the host launches blockDim.x * blockDim.y <= this)
+// (token, head) rows each thread keeps in flight: 64 bytes of loads per thread
+// for 16-byte packs, so registers stay under the 3-blocks-per-SM budget.
+template <typename T, int VEC>
+__host__ __device__ constexpr int rows_in_flight() { return sizeof(T) * VEC >= 16 ? 2 : 4; }
 
-// One block handles tok_per_block consecutive tokens and heads
-// [blockIdx.y * heads_per_block, ...) of the concatenated head list (q heads,
-// then k heads). Work items are (token, head, chunk); a chunk is VEC pairs of
-// one head (or VEC pass-through elements when copying dims >= R). With shared
-// frequencies, cos/sin are computed once per (token, pair) into shared memory
-// and reused by every head of q and k.
+// Block shape: blockDim.x threads walk the chunks of a head (a chunk is VEC
+// pairs, or VEC pass-through elements when copying dims >= R), blockDim.y
+// threads walk rows. A row is one (token, head) of the concatenated head list
+// (q heads, then k heads). A block owns tok_per_block consecutive tokens and
+// heads [blockIdx.y * heads_per_block, ...).
+//
+// Each thread first issues the loads of its first kRows rows, then the block
+// computes cos/sin once per (token, pair) into shared memory (shared
+// frequencies), so the table's float64 math overlaps the memory latency; every
+// head of q and k then reuses the table.
 template <typename T, bool INTERLEAVED, int VEC>
-__global__ void __launch_bounds__(kThreads) rope_kernel(const RopeArgs a) {
+__global__ void __launch_bounds__(kThreads, 3) rope_kernel(const RopeArgs a) {
   extern __shared__ float2 cs_table[];  // [tok_per_block][R/2]
 
-  const int npairs = static_cast<int>(a.rot_dim / 2);
+  const int npairs = static_cast<int>(a.rot_dim >> 1);
   const int rot_chunks = npairs / VEC;
-  const int copy_chunks = a.copy_rest ? static_cast<int>((a.head_dim - a.rot_dim) / VEC) : 0;
-  const int chunks = rot_chunks + copy_chunks;
+  const int chunks = rot_chunks + (a.copy_rest ? static_cast<int>((a.head_dim - a.rot_dim) / VEC) : 0);
   const int heads0 = static_cast<int>(a.heads[0]);
   const int htot = heads0 + static_cast<int>(a.heads[1]);
-  const long long tokens = a.n_batch * a.n_seq;
-  const long long tok0 = static_cast<long long>(blockIdx.x) * a.tok_per_block;
-  const int ntok = static_cast<int>(min(a.tok_per_block, tokens - tok0));
+  const unsigned n_seq = static_cast<unsigned>(a.n_seq);
+  const unsigned tokens = static_cast<unsigned>(a.n_batch * a.n_seq);  // host checks < 2^31
+  const unsigned tok0 = blockIdx.x * static_cast<unsigned>(a.tok_per_block);
+  const int ntok = static_cast<int>(min(static_cast<unsigned>(a.tok_per_block), tokens - tok0));
   const int h_begin = static_cast<int>(blockIdx.y * a.heads_per_block);
   const int hcount = min(static_cast<int>(a.heads_per_block), htot - h_begin);
   const bool shared_freq = a.freq_sh == 0;
-  if (ntok <= 0 || hcount <= 0) return;
+  const int rows = ntok * hcount;
+  const int tid = threadIdx.y * blockDim.x + threadIdx.x;
+  constexpr int kRows = rows_in_flight<T, VEC>();
 
-  if (shared_freq) {
-    for (int i = threadIdx.x; i < ntok * npairs; i += kThreads) {
-      const int t = i / npairs;
-      cs_table[i] = pair_cos_sin(a, tok0 + t, i - t * npairs, 0);
-    }
-    __syncthreads();
-  }
+  Pack<T, VEC> x[kRows][2];
+  long long out_off[kRows];
+  int meta[kRows];  // row index r, or -1
 
-  const int items = ntok * hcount * chunks;
-  for (int base = threadIdx.x; base < items; base += kThreads * kUnroll) {
-    Pack<T, VEC> x[kUnroll][2];
-    long long out_off[kUnroll];
-    int tensor[kUnroll], head[kUnroll], tloc[kUnroll], chunk[kUnroll];
+  // Issue the loads of rows threadIdx.y + u*blockDim.y, u < kRows, for chunk c.
+  auto load_rows = [&](int row0, int c) {
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int i = base + u * kThreads;
-      chunk[u] = -1;
-      if (i >= items) continue;
-      const int c = i % chunks;
-      const int r = i / chunks;
-      const int h = h_begin + r % hcount;
+    for (int u = 0; u < kRows; ++u) {
+      const int r = row0 + u * static_cast<int>(blockDim.y);
+      meta[u] = -1;
+      if (r >= rows) continue;
       const int t = r / hcount;
+      const int h = h_begin + (r - t * hcount);
       const int ten = h < heads0 ? 0 : 1;
       const int hh = ten ? h - heads0 : h;
-      const long long tok = tok0 + t;
-      const long long b = tok / a.n_seq;
-      const long long s = tok - b * a.n_seq;
+      const unsigned tok = tok0 + t;
+      const long long b = tok / n_seq;
+      const long long s = tok - static_cast<unsigned>(b) * n_seq;
       const long long in_off = b * a.in_sb[ten] + s * a.in_ss[ten] + hh * a.in_sh[ten];
       out_off[u] = b * a.out_sb[ten] + s * a.out_ss[ten] + hh * a.out_sh[ten];
-      tensor[u] = ten;
-      head[u] = hh;
-      tloc[u] = t;
-      chunk[u] = c;
+      meta[u] = r;
       if (c < rot_chunks) {
         const long long e0 = INTERLEAVED ? 2LL * c * VEC : static_cast<long long>(c) * VEC;
         const long long e1 = INTERLEAVED ? e0 + VEC : e0 + npairs;
@@ -199,15 +197,21 @@ __global__ void __launch_bounds__(kThreads) rope_kernel(const RopeArgs a) {
         x[u][0] = load_pack<T, VEC>(a.in_ptr[ten], in_off + a.rot_dim + (c - rot_chunks) * VEC);
       }
     }
+  };
+
+  auto rotate_store_rows = [&](int c) {
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int c = chunk[u];
-      if (c < 0) continue;
-      const int ten = tensor[u];
+    for (int u = 0; u < kRows; ++u) {
+      const int r = meta[u];
+      if (r < 0) continue;
+      const int t = r / hcount;
+      const int h = h_begin + (r - t * hcount);
+      const int ten = h < heads0 ? 0 : 1;
       if (c >= rot_chunks) {
         store_pack<T, VEC>(a.out_ptr[ten], out_off[u] + a.rot_dim + (c - rot_chunks) * VEC, x[u][0]);
         continue;
       }
+      const int hh = ten ? h - heads0 : h;
       // e[0..2*VEC): the chunk's elements; pair v is (e[v], e[VEC + v]) for the
       // half split and (e[2v], e[2v + 1]) when interleaved.
       T e[2 * VEC];
@@ -219,9 +223,8 @@ __global__ void __launch_bounds__(kThreads) rope_kernel(const RopeArgs a) {
 #pragma unroll
       for (int v = 0; v < VEC; ++v) {
         const int j = c * VEC + v;
-        const float2 cs = shared_freq
-                              ? cs_table[tloc[u] * npairs + j]
-                              : pair_cos_sin(a, tok0 + tloc[u], j, head[u]);
+        const float2 cs = shared_freq ? cs_table[t * npairs + j]
+                                      : pair_cos_sin(a, tok0 + t, j, hh);
         const int i1 = INTERLEAVED ? 2 * v : v;
         const int i2 = INTERLEAVED ? 2 * v + 1 : VEC + v;
         const float x1 = to_f32(e[i1]);
@@ -238,6 +241,26 @@ __global__ void __launch_bounds__(kThreads) rope_kernel(const RopeArgs a) {
       const long long e1 = INTERLEAVED ? e0 + VEC : e0 + npairs;
       store_pack<T, VEC>(a.out_ptr[ten], out_off[u] + e0, x[u][0]);
       store_pack<T, VEC>(a.out_ptr[ten], out_off[u] + e1, x[u][1]);
+    }
+  };
+
+  const int c0 = threadIdx.x;
+  const bool has_first = c0 < chunks;
+  if (has_first) load_rows(threadIdx.y, c0);
+
+  if (shared_freq) {
+    for (int i = tid; i < ntok * npairs; i += blockDim.x * blockDim.y) {
+      const int t = i / npairs;
+      cs_table[i] = pair_cos_sin(a, tok0 + t, i - t * npairs, 0);
+    }
+    __syncthreads();
+  }
+
+  // First group (already loaded), then the rest of this thread's (row, chunk) work.
+  for (int c = c0; c < chunks; c += blockDim.x) {
+    for (int row0 = threadIdx.y; row0 < rows; row0 += kRows * blockDim.y) {
+      if (!(c == c0 && row0 == static_cast<int>(threadIdx.y))) load_rows(row0, c);
+      rotate_store_rows(c);
     }
   }
 }

@@ -1,0 +1,53 @@
+"""Host time per call for a decode-sized RoPE (B 1, S 1, Hq 32, Hk 8, D 128, bf16),
+from torch and from CuPy, with a cProfile of the torch path."""
+import cProfile
+import pstats
+import time
+
+import cupy
+import torch
+
+import cuprope
+
+
+def per_call(fn, n=3000):
+    for _ in range(50):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / n * 1e6
+
+
+def main():
+    cfg = cuprope.RopeConfig(128)
+    q = torch.randn(1, 1, 32, 128, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(1, 1, 8, 128, device="cuda", dtype=torch.bfloat16)
+    pos = torch.tensor([1000], device="cuda", dtype=torch.int32)
+    oq, ok = torch.empty_like(q), torch.empty_like(k)
+    cq, ck = cupy.asarray(q.float()), cupy.asarray(k.float())
+    x = torch.randn(1, 1, 32, 128, device="cuda")
+    rows = [
+        ("torch add_ (one eager op)", per_call(lambda: x.add_(1.0))),
+        ("torch qk fwd, new outputs", per_call(lambda: cuprope.rope_qk_forward(q, k, cfg, positions=pos))),
+        ("torch qk fwd, out=", per_call(lambda: cuprope.rope_qk_forward(q, k, cfg, positions=pos, out=(oq, ok)))),
+        ("torch qk fwd, in-place", per_call(lambda: cuprope.rope_qk_forward(q, k, cfg, positions=pos, inplace=True))),
+        ("torch single fwd", per_call(lambda: cuprope.rope_forward(q, cfg))),
+        ("cupy qk fwd", per_call(lambda: cuprope.rope_qk_forward(cq, ck, cfg))),
+    ]
+    pr = cProfile.Profile()
+    pr.enable()
+    for _ in range(2000):
+        cuprope.rope_qk_forward(q, k, cfg, positions=pos)
+    pr.disable()
+    torch.cuda.synchronize()
+    pstats.Stats(pr).sort_stats("tottime").print_stats(18)
+    print(f"{'host path':<30} {'us/call':>8}")
+    for name, us in rows:
+        print(f"{name:<30} {us:8.1f}")
+
+
+if __name__ == "__main__":
+    main()
