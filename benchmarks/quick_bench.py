@@ -29,13 +29,25 @@ def timed(fn, reps=50, warm=5):
     return statistics.median(ts)
 
 
-def main():
+SHAPES = {"llama": ("llama3-8b prefill", 4, 4096, 32, 8, 128),
+          "32k": ("32k seq", 1, 32768, 32, 8, 128),
+          "d64": ("D64 MHA", 8, 2048, 16, 16, 64),
+          "decode": ("decode B256", 256, 1, 32, 8, 128)}
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def main(argv=None):
+    import argparse
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shapes", default="llama,32k,d64,decode")
+    ap.add_argument("--dtypes", default="bf16,fp32")
+    ap.add_argument("--tag", default="")
+    args = ap.parse_args(argv)
     dev = torch.cuda.get_device_name()
     rows = []
-    shapes = [("llama3-8b prefill", 4, 4096, 32, 8, 128), ("32k seq", 1, 32768, 32, 8, 128),
-              ("D64 MHA", 8, 2048, 16, 16, 64), ("decode B256", 256, 1, 32, 8, 128)]
-    for name, b, s, hq, hk, d in shapes:
-        for dt in (torch.bfloat16, torch.float32):
+    for key in args.shapes.split(","):
+        name, b, s, hq, hk, d = SHAPES[key]
+        for dt in (DTYPES[k] for k in args.dtypes.split(",")):
             sets = [(torch.randn(b, s, hq, d, device="cuda", dtype=dt),
                      torch.randn(b, s, hk, d, device="cuda", dtype=dt)) for _ in range(3)]
             outs = [(torch.empty_like(q), torch.empty_like(k)) for q, k in sets]
@@ -60,7 +72,7 @@ def main():
             t_inpl = timed(run_inplace)
             rows.append((name, str(dt).replace("torch.", ""), nbytes / t_copy / 1e12,
                          nbytes / t_rope / 1e12, t_rope * 1e6, nbytes / t_inpl / 1e12))
-    print(f"device: {dev}")
+    print(f"device: {dev} {args.tag}")
     print(f"{'shape':<18} {'dtype':<9} {'copy TB/s':>9} {'qk TB/s':>8} {'qk us':>8} {'ratio':>6} {'inpl ratio':>10}")
     for r in rows:
         print(f"{r[0]:<18} {r[1]:<9} {r[2]:9.2f} {r[3]:8.2f} {r[4]:8.1f} {r[3] / r[2]:6.3f} {r[5] / r[2]:10.3f}")

@@ -9,7 +9,7 @@ import struct
 
 import numpy as np
 
-from ._loader import ITEMSIZE, MODULES, kernel_name, vec_widths
+from ._loader import ITEMSIZE, MODULES, kernel_name, tuning_defines, vec_widths
 
 THREADS = 256      # kernels/rope.cuh kThreads
 SMEM_LIMIT = 32 * 1024
@@ -32,9 +32,7 @@ def sm_count(device: int) -> int:
     return n
 
 
-def rows_in_flight(dtype: str, vec: int) -> int:
-    """kernels/rope.cuh rows_in_flight<T, VEC>()."""
-    return 2 if ITEMSIZE[dtype] * vec >= 16 else 4
+ROWS_IN_FLIGHT = int(tuning_defines().get("CUPROPE_ROWS", 4))  # kernels/rope.cuh kRows
 
 
 def _function(device, dtype, interleaved, vec):
@@ -82,7 +80,7 @@ def grid_for(device, dtype, vec, npairs, chunks, htot, tokens, shared_freq):
     """(grid, block, tokens per block, heads per block, shared bytes)."""
     bdx = min(chunks, THREADS)
     bdy = max(1, THREADS // bdx)
-    rows_target = bdy * rows_in_flight(dtype, vec) * 2
+    rows_target = bdy * ROWS_IN_FLIGHT * 2
     if htot <= rows_target:
         tpb = rows_target // htot
         tpb = min(tpb, -(-tokens // (2 * sm_count(device))))
@@ -97,13 +95,52 @@ def grid_for(device, dtype, vec, npairs, chunks, htot, tokens, shared_freq):
     return (-(-tokens // tpb), grid_y, 1), (bdx, bdy, 1), tpb, hpb, smem
 
 
-def launch(*, device, stream_ptr, dtype, interleaved, plans, n_batch, n_seq, head_dim,
-           rot_dim, copy_rest, pos, seq_off, offset, inv_freq_ptr, freq_sh, stream_map_ptr,
-           scale, sin_sign):
-    """Launch one rope kernel over one or two tensors (q and k).
+# Offsets of the per-call fields in the int64 view of RopeArgs.
+_IN0, _IN1, _OUT0, _OUT1, _POS, _SEQ, _OFFSET = 0, 1, 2, 3, 23, 28, 30
+_SCALE, _SIN_SIGN = 34, 35
 
-    pos: None or (ptr, is64, stride_stream, stride_b, stride_s);
-    seq_off: None or (ptr, is64)."""
+
+class LaunchPlan:
+    """Everything about a launch that does not change from call to call with
+    the same shapes, strides, dtypes and settings: the kernel, the grid and an
+    argument buffer whose pointer and offset fields ``run`` fills in.
+
+    A plan belongs to one thread (its buffer is reused across launches; the
+    driver copies kernel arguments at launch)."""
+
+    __slots__ = ("device", "func", "grid", "block", "smem", "vec", "align", "buf", "_params",
+                 "_keepalive")
+
+    def __init__(self, device, func, grid, block, smem, vec, align, fields):
+        self.device, self.func, self.grid, self.block = device, func, grid, block
+        self.smem, self.vec, self.align = smem, vec, align
+        raw = bytearray(_ARGS.pack(*fields))
+        self.buf = np.frombuffer(raw, dtype=np.int64)
+        self._params = None
+        self._keepalive = raw
+
+    def run(self, stream_ptr, in0, in1, out0, out1, pos_ptr, seq_ptr, offset):
+        b = self.buf
+        b[_IN0] = in0
+        b[_IN1] = in1
+        b[_OUT0] = out0
+        b[_OUT1] = out1
+        b[_POS] = pos_ptr
+        b[_SEQ] = seq_ptr
+        b[_OFFSET] = offset
+        if self._params is None or not _DRIVER.launch(self, stream_ptr):
+            self._params = None
+            self.func(self.grid, self.block, (self.buf.view(_ARGS_DTYPE),),
+                      shared_mem=self.smem, stream=_Stream(stream_ptr))
+            self._params = _DRIVER.params_for(self)
+
+
+def make_plan(*, device, dtype, interleaved, plans, n_batch, n_seq, head_dim, rot_dim,
+              copy_rest, pos, seq_off, inv_freq_ptr, freq_sh, stream_map_ptr, scale, sin_sign):
+    """Plan one rope launch over one or two tensors (q and k).
+
+    plans: TensorPlan per tensor (pointers only decide the vector width);
+    pos: None or (is64, stride_stream, stride_b, stride_s); seq_off: None or is64."""
     npairs = rot_dim // 2
     tail = head_dim - rot_dim if copy_rest else 0
     vec = pick_vec(dtype, plans, npairs, tail, n_batch, n_seq)
@@ -113,24 +150,21 @@ def launch(*, device, stream_ptr, dtype, interleaved, plans, n_batch, n_seq, hea
                                            heads[0] + heads[1], n_batch * n_seq, freq_sh == 0)
     p0 = plans[0]
     p1 = plans[1] if len(plans) > 1 else p0
-    pos_ptr, pos_is64, pss, psb, pst = pos if pos is not None else (0, 0, 0, 0, 0)
-    so_ptr, so_is64 = seq_off if seq_off is not None else (0, 0)
-    raw = _ARGS.pack(
-        p0.in_ptr, p1.in_ptr, p0.out_ptr, p1.out_ptr,
+    pos_is64, pss, psb, pst = pos if pos is not None else (0, 0, 0, 0)
+    fields = (
+        0, 0, 0, 0,
         p0.in_strides[0], p1.in_strides[0], p0.in_strides[1], p1.in_strides[1],
         p0.in_strides[2], p1.in_strides[2],
         p0.out_strides[0], p1.out_strides[0], p0.out_strides[1], p1.out_strides[1],
         p0.out_strides[2], p1.out_strides[2],
         heads[0], heads[1],
         n_batch, n_seq, head_dim, rot_dim, int(copy_rest),
-        pos_ptr, pos_is64, pss, psb, pst, so_ptr, so_is64, offset,
+        0, pos_is64, pss, psb, pst, 0, int(bool(seq_off)), 0,
         inv_freq_ptr, freq_sh, stream_map_ptr,
         scale, sin_sign,
         tpb, hpb)
-    args = np.frombuffer(raw, dtype=_ARGS_DTYPE)
-    _function(device, dtype, interleaved, vec)(grid, block, (args,), shared_mem=smem,
-                                              stream=_Stream(stream_ptr))
-    return vec
+    func = _function(device, dtype, interleaved, vec)
+    return LaunchPlan(device, func, grid, block, smem, vec, vec * ITEMSIZE[dtype], fields)
 
 
 class _Stream:
@@ -140,3 +174,48 @@ class _Stream:
 
     def __init__(self, ptr):
         self.ptr = ptr
+
+
+class _Driver:
+    """``cuLaunchKernel`` through ctypes: about a microsecond of host time,
+    against several for CuPy's generic launcher. The first launch of a plan
+    goes through CuPy (which makes the device's context current); later ones
+    come here, and any driver error falls back to CuPy for a clear exception."""
+
+    def __init__(self):
+        self._fn = None
+        self._ok = None
+
+    def _load(self):
+        import ctypes
+        try:
+            lib = ctypes.CDLL("libcuda.so.1")
+            fn = lib.cuLaunchKernel
+        except (OSError, AttributeError):
+            self._ok = False
+            return
+        u = ctypes.c_uint
+        fn.argtypes = [ctypes.c_void_p, u, u, u, u, u, u, u, ctypes.c_void_p, ctypes.c_void_p,
+                       ctypes.c_void_p]
+        fn.restype = ctypes.c_int
+        self._fn = fn
+        self._ok = True
+
+    def params_for(self, plan):
+        if self._ok is None:
+            self._load()
+        if not self._ok:
+            return None
+        import ctypes
+        arg = ctypes.c_void_p(plan.buf.ctypes.data)
+        arr = (ctypes.c_void_p * 1)(ctypes.addressof(arg))
+        return (arg, arr, ctypes.addressof(arr), int(plan.func.ptr))
+
+    def launch(self, plan, stream_ptr) -> bool:
+        _, _, params, func = plan._params
+        g, b = plan.grid, plan.block
+        return self._fn(func, g[0], g[1], g[2], b[0], b[1], b[2], plan.smem, stream_ptr,
+                        params, None) == 0
+
+
+_DRIVER = _Driver()

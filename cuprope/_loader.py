@@ -8,8 +8,10 @@ a ``-D`` option: editing any header changes the key.
 from __future__ import annotations
 
 import hashlib
+import os
 import threading
 from importlib import resources
+from pathlib import Path
 
 KERNEL_PACKAGE = "cuprope.kernels"
 ENTRY = "rope.cu"
@@ -37,7 +39,12 @@ def all_kernel_names() -> list[str]:
 
 
 def kernel_dir():
-    return resources.files(KERNEL_PACKAGE)
+    """The folder holding the kernel sources: ``cuprope/kernels`` in an
+    installed package, ``kernels/`` beside ``cuprope/`` in a source checkout."""
+    try:
+        return resources.files(KERNEL_PACKAGE)
+    except ModuleNotFoundError:
+        return Path(__file__).resolve().parent.parent / "kernels"
 
 
 def kernel_sources() -> dict[str, str]:
@@ -56,9 +63,20 @@ def source_hash() -> str:
     return h.hexdigest()[:16]
 
 
+def tuning_defines() -> dict[str, str]:
+    """``-D`` overrides from the CUPROPE_KERNEL_DEFINES environment variable, a
+    tuning hook (benchmarks/tune.py), e.g. ``"CUPROPE_ROWS=2 CUPROPE_MIN_BLOCKS=3"``."""
+    out = {}
+    for tok in os.environ.get("CUPROPE_KERNEL_DEFINES", "").split():
+        name, _, value = tok.partition("=")
+        out[name] = value
+    return out
+
+
 def compile_options() -> tuple[str, ...]:
     """NVRTC options (CuPy adds the arch and its own standard flags)."""
-    return (f"-I{kernel_dir()}", f"-DCUPROPE_SOURCE_HASH=0x{source_hash()}ULL")
+    extra = tuple(f"-D{k}={v}" if v else f"-D{k}" for k, v in tuning_defines().items())
+    return (f"-I{kernel_dir()}", f"-DCUPROPE_SOURCE_HASH=0x{source_hash()}ULL") + extra
 
 
 class _Modules:

@@ -19,6 +19,8 @@ head dims; the last dim must be contiguous.
 """
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 
 from . import reference
@@ -142,6 +144,9 @@ def _check_index(info, name, device, shapes):
 def _rope(xs, names, config, inverse, positions, offset, seq_offsets, outs, inplace, stream):
     if not isinstance(config, RopeConfig):
         raise TypeError(f"config must be a cuprope.RopeConfig, got {type(config).__name__}")
+    res = _torch_fast(xs, config, inverse, positions, offset, seq_offsets, outs, inplace, stream)
+    if res is not None:
+        return res
     if isinstance(offset, bool) or not isinstance(offset, (int, np.integer)):
         raise TypeError(f"offset must be an int, got {type(offset).__name__}")
     offset = int(offset)
@@ -217,8 +222,14 @@ def _rope(xs, names, config, inverse, positions, offset, seq_offsets, outs, inpl
         return tuple(res)
     if device < 0:
         return _numpy_backend(infos, out_infos, config, inverse, pos_info, seq_info, offset)
+    cache_key = None
+    if infos[0].kind == "torch" and stream is None and outs is None:
+        try:
+            cache_key = _torch_key(xs, config, inverse, positions, seq_offsets, outs, inplace)
+        except _NoFastPath:
+            pass
     return _gpu_backend(infos, out_infos, config, inverse, pos_info, seq_info, offset, stream,
-                        (b, s, d))
+                        (b, s, d), cache_key)
 
 
 # ---------------------------------------------------------------- NumPy backend
@@ -297,10 +308,11 @@ def _stream_ptr(stream, info):
         return cupy.cuda.get_current_stream().ptr
 
 
-def _gpu_backend(infos, out_infos, config, inverse, pos_info, seq_info, offset, stream, bsd):
+def _gpu_backend(infos, out_infos, config, inverse, pos_info, seq_info, offset, stream, bsd,
+                 cache_key=None):
     import cupy
 
-    from ._launch import TensorPlan, launch
+    from ._launch import TensorPlan, make_plan
 
     b, s, d = bsd
     layout = config.layout
@@ -308,39 +320,120 @@ def _gpu_backend(infos, out_infos, config, inverse, pos_info, seq_info, offset, 
     stream_ptr = _stream_ptr(stream, infos[0])
     copy_rest = out_infos is None or not all(_same_view(o, i) for o, i in zip(out_infos, infos))
     if out_infos is None:
-        outs = [empty_like(i) for i in infos]
-        out_infos = [describe(o, "out") for o in outs]
-    plans = [TensorPlan(i.ptr, o.ptr, _canon_strides(i.strides, layout),
-                        _canon_strides(o.strides, layout), _canon(i.shape, layout)[2])
-             for i, o in zip(infos, out_infos)]
+        out_infos = [describe(empty_like(i), "out") for i in infos]
+    tplans = [TensorPlan(i.ptr, o.ptr, _canon_strides(i.strides, layout),
+                         _canon_strides(o.strides, layout), _canon(i.shape, layout)[2])
+              for i, o in zip(infos, out_infos)]
     inv_freq, smap = config.device_tables(device)
     pos = None
     if pos_info is not None:
-        st = pos_info.strides
-        shp = pos_info.shape
+        st, shp = pos_info.strides, pos_info.shape
         if config.n_streams == 1:
             pst_stream, rest, rest_shape = 0, st, shp
         else:
             pst_stream, rest, rest_shape = st[0], st[1:], shp[1:]
-        if len(rest_shape) == 1:
-            psb, pss = 0, rest[0]
-        else:
-            psb, pss = rest
-        pos = (pos_info.ptr, int(pos_info.dtype == "int64"), pst_stream, psb, pss)
-    seq = None if seq_info is None else (seq_info.ptr, int(seq_info.dtype == "int64"))
-    kwargs = dict(device=device, stream_ptr=stream_ptr, dtype=infos[0].dtype,
-                  interleaved=config.interleaved, plans=plans, n_batch=b, n_seq=s, head_dim=d,
-                  rot_dim=config.rotary_dim, copy_rest=copy_rest, pos=pos, seq_off=seq,
-                  offset=offset, inv_freq_ptr=inv_freq.data.ptr,
-                  freq_sh=config.rotary_dim // 2 if config.per_head else 0,
-                  stream_map_ptr=0 if smap is None else smap.data.ptr,
-                  scale=config.scale, sin_sign=-1.0 if inverse else 1.0)
+        psb, pss = (0, rest[0]) if len(rest_shape) == 1 else rest
+        pos = (int(pos_info.dtype == "int64"), pst_stream, psb, pss)
+    plan = make_plan(
+        device=device, dtype=infos[0].dtype, interleaved=config.interleaved, plans=tplans,
+        n_batch=b, n_seq=s, head_dim=d, rot_dim=config.rotary_dim, copy_rest=copy_rest,
+        pos=pos, seq_off=None if seq_info is None else seq_info.dtype == "int64",
+        inv_freq_ptr=inv_freq.data.ptr, freq_sh=config.rotary_dim // 2 if config.per_head else 0,
+        stream_map_ptr=0 if smap is None else smap.data.ptr, scale=config.scale,
+        sin_sign=-1.0 if inverse else 1.0)
+    ptrs = (infos[0].ptr, infos[-1].ptr, out_infos[0].ptr, out_infos[-1].ptr,
+            0 if pos_info is None else pos_info.ptr, 0 if seq_info is None else seq_info.ptr)
     if cupy.cuda.runtime.getDevice() != device:
         with cupy.cuda.Device(device):
-            launch(**kwargs)
+            plan.run(stream_ptr, *ptrs, offset)
     else:
-        launch(**kwargs)
+        plan.run(stream_ptr, *ptrs, offset)
+    if cache_key is not None:
+        config._plans[cache_key] = plan
     if infos[0].kind == "jax":
         # JAX reads the result on its own stream; make it complete first.
         cupy.cuda.runtime.streamSynchronize(stream_ptr)
     return tuple(wrap_like(i, o.obj) for i, o in zip(infos, out_infos))
+
+
+# ---------------------------------------------------------------- torch fast path
+#
+# A torch call whose shapes, strides, dtypes, devices and settings were seen
+# before on this thread reuses the validated launch plan: per call it reads the
+# pointers, allocates outputs with torch.empty_like and launches. Anything
+# unusual (out= that may overlap, misalignment, another current device, a
+# stream= argument) takes the general path above.
+
+
+
+def _index_key(t):
+    if t is None:
+        return None
+    if type(t).__module__ != "torch" or not t.is_cuda:
+        raise _NoFastPath
+    return (t.dtype, t.shape, t.stride(), t.device)
+
+
+class _NoFastPath(Exception):
+    pass
+
+
+def _torch_key(xs, config, inverse, positions, seq_offsets, outs, inplace):
+    """Cache key for a call made only of torch CUDA tensors (else _NoFastPath)."""
+    parts = [threading.get_ident(), inverse, inplace]
+    for x in xs:
+        if type(x).__module__ != "torch" or not x.is_cuda:
+            raise _NoFastPath
+        parts.append((x.dtype, x.shape, x.stride(), x.device, x.data_ptr() % 16))
+    if inplace and len(xs) == 2:
+        parts.append(xs[1].data_ptr() - xs[0].data_ptr())
+    if outs is not None:
+        raise _NoFastPath
+    parts.append(_index_key(positions))
+    parts.append(_index_key(seq_offsets))
+    return tuple(parts)
+
+
+def _torch_fast(xs, config, inverse, positions, offset, seq_offsets, outs, inplace, stream):
+    """Result tuple, or None when the general path must run."""
+    if not config._plans or stream is not None or outs is not None:
+        return None
+    if type(offset) is not int or not -(2 ** 62) < offset < 2 ** 62:
+        return None
+    try:
+        key = _torch_key(xs, config, inverse, positions, seq_offsets, outs, inplace)
+    except _NoFastPath:
+        return None
+    plan = config._plans.get(key)
+    if plan is None:
+        return None
+    x0 = xs[0]
+    dev = x0.device.index
+    if _current_device() != dev:
+        return None
+    res = xs if inplace else tuple(_torch_empty_like(x) for x in xs)
+    out0, out1 = res[0].data_ptr(), res[-1].data_ptr()
+    if (out0 | out1) % plan.align:
+        return None
+    plan.run(_torch_stream(dev), x0.data_ptr(), xs[-1].data_ptr(), out0, out1,
+             0 if positions is None else positions.data_ptr(),
+             0 if seq_offsets is None else seq_offsets.data_ptr(), offset)
+    return tuple(res)
+
+
+def _current_device():
+    import cupy
+    return cupy.cuda.runtime.getDevice()
+
+
+def _torch_empty_like(x):
+    import torch
+    return torch.empty_like(x, requires_grad=False)
+
+
+def _torch_stream(device):
+    import torch
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw is not None:
+        return raw(device)
+    return torch.cuda.current_stream(device).cuda_stream

@@ -36,7 +36,7 @@ class RopeConfig:
     """
 
     __slots__ = ("rotary_dim", "interleaved", "layout", "scale", "inv_freq",
-                 "stream_map", "n_streams", "_device_tables")
+                 "stream_map", "n_streams", "_device_tables", "_plans")
 
     def __init__(self, rotary_dim: int, *, base: float = 10000.0, inv_freq=None,
                  interleaved: bool = False, layout: str = "bshd", scale: float = 1.0,
@@ -82,6 +82,7 @@ class RopeConfig:
         self.stream_map = smap
         self.n_streams = n_streams
         self._device_tables = {}
+        self._plans = {}  # launch plans of the torch fast path (cuprope/api.py)
 
     @property
     def per_head(self) -> bool:

@@ -132,10 +132,17 @@ __device__ __forceinline__ float2 pair_cos_sin(const RopeArgs& a, unsigned tok, 
 }
 
 constexpr int kThreads = 256;  // most threads per block (the host launches blockDim.x * blockDim.y <= this)
-// (token, head) rows each thread keeps in flight: 64 bytes of loads per thread
-// for 16-byte packs, so registers stay under the 3-blocks-per-SM budget.
-template <typename T, int VEC>
-__host__ __device__ constexpr int rows_in_flight() { return sizeof(T) * VEC >= 16 ? 2 : 4; }
+// (token, head) rows each thread keeps in flight: with 16-byte packs, 4 rows
+// are 128 bytes of loads per thread. Bytes in flight per SM is what limits a
+// streaming kernel (Little's law), so rows are loaded together and their
+// offsets recomputed at store time rather than held in registers.
+#ifndef CUPROPE_ROWS
+#define CUPROPE_ROWS 4
+#endif
+#ifndef CUPROPE_MIN_BLOCKS
+#define CUPROPE_MIN_BLOCKS 2
+#endif
+constexpr int kRows = CUPROPE_ROWS;
 
 // Block shape: blockDim.x threads walk the chunks of a head (a chunk is VEC
 // pairs, or VEC pass-through elements when copying dims >= R), blockDim.y
@@ -148,7 +155,7 @@ __host__ __device__ constexpr int rows_in_flight() { return sizeof(T) * VEC >= 1
 // frequencies), so the table's float64 math overlaps the memory latency; every
 // head of q and k then reuses the table.
 template <typename T, bool INTERLEAVED, int VEC>
-__global__ void __launch_bounds__(kThreads, 3) rope_kernel(const RopeArgs a) {
+__global__ void __launch_bounds__(kThreads, CUPROPE_MIN_BLOCKS) rope_kernel(const RopeArgs a) {
   extern __shared__ float2 cs_table[];  // [tok_per_block][R/2]
 
   const int npairs = static_cast<int>(a.rot_dim >> 1);
@@ -165,11 +172,22 @@ __global__ void __launch_bounds__(kThreads, 3) rope_kernel(const RopeArgs a) {
   const bool shared_freq = a.freq_sh == 0;
   const int rows = ntok * hcount;
   const int tid = threadIdx.y * blockDim.x + threadIdx.x;
-  constexpr int kRows = rows_in_flight<T, VEC>();
 
   Pack<T, VEC> x[kRows][2];
-  long long out_off[kRows];
   int meta[kRows];  // row index r, or -1
+
+  // Element offset of row r's head in tensor `ten`, for the input or output strides.
+  auto row_offset = [&](int r, bool out, int& ten, int& hh) -> long long {
+    const int t = r / hcount;
+    const int h = h_begin + (r - t * hcount);
+    ten = h < heads0 ? 0 : 1;
+    hh = ten ? h - heads0 : h;
+    const unsigned tok = tok0 + t;
+    const unsigned b = tok / n_seq;
+    const unsigned s = tok - b * n_seq;
+    return out ? b * a.out_sb[ten] + s * a.out_ss[ten] + hh * a.out_sh[ten]
+               : b * a.in_sb[ten] + s * a.in_ss[ten] + hh * a.in_sh[ten];
+  };
 
   // Issue the loads of rows threadIdx.y + u*blockDim.y, u < kRows, for chunk c.
   auto load_rows = [&](int row0, int c) {
@@ -178,15 +196,8 @@ __global__ void __launch_bounds__(kThreads, 3) rope_kernel(const RopeArgs a) {
       const int r = row0 + u * static_cast<int>(blockDim.y);
       meta[u] = -1;
       if (r >= rows) continue;
-      const int t = r / hcount;
-      const int h = h_begin + (r - t * hcount);
-      const int ten = h < heads0 ? 0 : 1;
-      const int hh = ten ? h - heads0 : h;
-      const unsigned tok = tok0 + t;
-      const long long b = tok / n_seq;
-      const long long s = tok - static_cast<unsigned>(b) * n_seq;
-      const long long in_off = b * a.in_sb[ten] + s * a.in_ss[ten] + hh * a.in_sh[ten];
-      out_off[u] = b * a.out_sb[ten] + s * a.out_ss[ten] + hh * a.out_sh[ten];
+      int ten, hh;
+      const long long in_off = row_offset(r, false, ten, hh);
       meta[u] = r;
       if (c < rot_chunks) {
         const long long e0 = INTERLEAVED ? 2LL * c * VEC : static_cast<long long>(c) * VEC;
@@ -204,14 +215,13 @@ __global__ void __launch_bounds__(kThreads, 3) rope_kernel(const RopeArgs a) {
     for (int u = 0; u < kRows; ++u) {
       const int r = meta[u];
       if (r < 0) continue;
-      const int t = r / hcount;
-      const int h = h_begin + (r - t * hcount);
-      const int ten = h < heads0 ? 0 : 1;
+      int ten, hh;
+      const long long out_off = row_offset(r, true, ten, hh);
       if (c >= rot_chunks) {
-        store_pack<T, VEC>(a.out_ptr[ten], out_off[u] + a.rot_dim + (c - rot_chunks) * VEC, x[u][0]);
+        store_pack<T, VEC>(a.out_ptr[ten], out_off + a.rot_dim + (c - rot_chunks) * VEC, x[u][0]);
         continue;
       }
-      const int hh = ten ? h - heads0 : h;
+      const int t = r / hcount;
       // e[0..2*VEC): the chunk's elements; pair v is (e[v], e[VEC + v]) for the
       // half split and (e[2v], e[2v + 1]) when interleaved.
       T e[2 * VEC];
@@ -239,8 +249,8 @@ __global__ void __launch_bounds__(kThreads, 3) rope_kernel(const RopeArgs a) {
       }
       const long long e0 = INTERLEAVED ? 2LL * c * VEC : static_cast<long long>(c) * VEC;
       const long long e1 = INTERLEAVED ? e0 + VEC : e0 + npairs;
-      store_pack<T, VEC>(a.out_ptr[ten], out_off[u] + e0, x[u][0]);
-      store_pack<T, VEC>(a.out_ptr[ten], out_off[u] + e1, x[u][1]);
+      store_pack<T, VEC>(a.out_ptr[ten], out_off + e0, x[u][0]);
+      store_pack<T, VEC>(a.out_ptr[ten], out_off + e1, x[u][1]);
     }
   };
 

@@ -1,0 +1,18 @@
+"""Time kernel variants (compile-time defines) side by side, one process each.
+
+    python benchmarks/tune.py "CUPROPE_ROWS=2 CUPROPE_MIN_BLOCKS=3" "CUPROPE_ROWS=4 CUPROPE_MIN_BLOCKS=2"
+
+Each variant compiles with CUPROPE_KERNEL_DEFINES set (a separate CuPy cache
+entry) and runs benchmarks/quick_bench.py on the large shapes."""
+import os
+import subprocess
+import sys
+
+here = os.path.dirname(os.path.abspath(__file__))
+variants = sys.argv[1:] or [""]
+for v in variants:
+    env = dict(os.environ, CUPROPE_KERNEL_DEFINES=v)
+    print(f"=== variant: {v or 'default'}", flush=True)
+    subprocess.run([sys.executable, os.path.join(here, "quick_bench.py"), "--shapes",
+                    os.environ.get("TUNE_SHAPES", "llama,d64"), "--dtypes",
+                    os.environ.get("TUNE_DTYPES", "bf16,fp32"), "--tag", v], env=env, check=False)

@@ -1,0 +1,66 @@
+"""Every kernel instantiation compiles with NVRTC for sm_80 and sm_90 on a
+machine with no GPU (NVRTC needs none), with the options CuPy is given."""
+import pytest
+
+from cuprope import _loader
+
+nvrtc = pytest.importorskip("cuda.bindings.nvrtc", reason="cuda-bindings (test extra) not installed")
+pathfinder = pytest.importorskip("cuda.pathfinder", reason="cuda-pathfinder (test extra) not installed")
+
+
+def _check(result):
+    err = result[0]
+    assert err == nvrtc.nvrtcResult.NVRTC_SUCCESS, err
+    return result[1:] if len(result) > 2 else (result[1] if len(result) == 2 else None)
+
+
+def _compile(arch: str, names):
+    src = _loader.kernel_sources()[_loader.ENTRY].encode()
+    prog = _check(nvrtc.nvrtcCreateProgram(src, _loader.ENTRY.encode(), 0, [], []))
+    for n in names:
+        _check(nvrtc.nvrtcAddNameExpression(prog, n.encode()))
+    cudart = pathfinder.find_nvidia_header_directory("cudart")
+    if cudart is None:
+        pytest.skip("CUDA runtime headers (nvidia-cuda-runtime wheel) not found")
+    opts = [o.encode() for o in _loader.compile_options()] + [
+        f"-I{cudart}".encode(), b"--std=c++17", b"-ftz=true", f"--gpu-architecture={arch}".encode()]
+    rc = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)[0]
+    size = _check(nvrtc.nvrtcGetProgramLogSize(prog))
+    log = b" " * size
+    _check(nvrtc.nvrtcGetProgramLog(prog, log))
+    assert rc == nvrtc.nvrtcResult.NVRTC_SUCCESS, log.decode(errors="replace")
+    lowered = {n: _check(nvrtc.nvrtcGetLoweredName(prog, n.encode())) for n in names}
+    if arch.startswith("sm_"):
+        nbytes = _check(nvrtc.nvrtcGetCUBINSize(prog))
+    else:
+        nbytes = _check(nvrtc.nvrtcGetPTXSize(prog))
+    nvrtc.nvrtcDestroyProgram(prog)
+    return lowered, nbytes, log.decode(errors="replace")
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90", "compute_80"])
+def test_every_instantiation_compiles(arch):
+    names = _loader.all_kernel_names()
+    assert len(names) == 22  # 3 dtypes x 2 pairings x vector widths (4 for 16-bit, 3 for fp32)
+    lowered, nbytes, log = _compile(arch, names)
+    assert all(v for v in lowered.values()), lowered
+    assert len(set(lowered.values())) == len(names)
+    assert nbytes > 10_000
+    assert "warning" not in log.lower(), log
+
+
+def test_cache_key_covers_every_kernel_file(monkeypatch):
+    """CuPy's disk cache ignores #included files: the options carry a hash of
+    every file in kernels/, so editing a header changes the key."""
+    sources = _loader.kernel_sources()
+    assert {"rope.cu", "rope.cuh"} <= set(sources)
+    before = _loader.compile_options()
+    assert any(o.startswith("-DCUPROPE_SOURCE_HASH=") for o in before)
+    edited = dict(sources)
+    edited["rope.cuh"] = edited["rope.cuh"] + "\n// edit\n"
+    monkeypatch.setattr(_loader, "kernel_sources", lambda: edited)
+    assert _loader.compile_options() != before
+
+
+def test_no_fast_math_option():
+    assert not any("fast" in o for o in _loader.compile_options())
