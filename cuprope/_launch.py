@@ -209,7 +209,11 @@ class _Driver:
         import ctypes
         arg = ctypes.c_void_p(plan.buf.ctypes.data)
         arr = (ctypes.c_void_p * 1)(ctypes.addressof(arg))
-        return (arg, arr, ctypes.addressof(arr), int(plan.func.ptr))
+        func = plan.func
+        ptr = getattr(func, "ptr", None)
+        if ptr is None:  # a cupy RawKernel: its Function for the current device
+            ptr = func.kernel.ptr
+        return (arg, arr, ctypes.addressof(arr), int(ptr))
 
     def launch(self, plan, stream_ptr) -> bool:
         _, _, params, func = plan._params

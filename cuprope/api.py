@@ -125,6 +125,12 @@ def _check_out(out, src, name):
         raise ValueError(f"{name}: the last dim must be contiguous (stride 1)")
 
 
+def _check_writable(info, name):
+    flags = getattr(info.array, "flags", None)
+    if flags is not None and hasattr(flags, "writeable") and not flags.writeable:
+        raise ValueError(f"{name} is read-only")
+
+
 def _same_view(a, b):
     return a.ptr == b.ptr and tuple(a.strides) == tuple(b.strides)
 
@@ -187,11 +193,14 @@ def _rope(xs, names, config, inverse, positions, offset, seq_offsets, outs, inpl
             raise ValueError("give either out= or inplace=True, not both")
         if infos[0].kind == "jax":
             raise TypeError("JAX arrays are immutable: inplace=True is not supported for them")
+        for info, n in zip(infos, names):
+            _check_writable(info, n)
         out_infos = infos
     elif outs is not None:
         out_infos = [describe(o, "out") for o in outs]
         for o, src in zip(out_infos, infos):
             _check_out(o, src, "out")
+            _check_writable(o, "out")
     if out_infos is not None:
         for i, o in enumerate(out_infos):
             for j, src in enumerate(infos):
@@ -217,7 +226,7 @@ def _rope(xs, names, config, inverse, positions, offset, seq_offsets, outs, inpl
         if seq_info.strides[0] != 1 and b > 1:
             raise ValueError("seq_offsets must be contiguous")
 
-    if any(i.size == 0 for i in infos):
+    if all(i.size == 0 for i in infos):
         res = [o.obj for o in out_infos] if out_infos else [wrap_like(i, empty_like(i)) for i in infos]
         return tuple(res)
     if device < 0:
@@ -276,14 +285,13 @@ def _numpy_backend(infos, out_infos, config, inverse, pos_info, seq_info, offset
                              rotary_dim=config.rotary_dim, interleaved=config.interleaved,
                              scale=config.scale, inverse=inverse)
         y = y[0] if layout == "thd" else (y.transpose(0, 2, 1, 3) if layout == "bhsd" else y)
-        y = y.astype(x.dtype)
-        if out_infos is not None:
-            dst = _to_numpy(out_infos[i])
-            dst[...] = y
-            results.append(out_infos[i].obj)
-        else:
-            results.append(_from_numpy(info, y))
-    return tuple(results)
+        y = reference.round_to_dtype(y, x.dtype)
+        results.append(y)
+    if out_infos is None:
+        return tuple(_from_numpy(info, y) for info, y in zip(infos, results))
+    for o, y in zip(out_infos, results):  # all computed before any is written
+        _to_numpy(o)[...] = y
+    return tuple(o.obj for o in out_infos)
 
 
 # ---------------------------------------------------------------- GPU backend

@@ -46,6 +46,10 @@ class RopeConfig:
         rotary_dim = int(rotary_dim)
         if rotary_dim <= 0 or rotary_dim % 2:
             raise ValueError(f"rotary_dim must be a positive even integer, got {rotary_dim}")
+        if not isinstance(interleaved, (bool, np.bool_)):
+            raise TypeError(f"interleaved must be a bool, got {type(interleaved).__name__}")
+        if not np.isfinite(scale):
+            raise ValueError(f"scale must be finite, got {scale}")
         if layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
         if inv_freq is None:

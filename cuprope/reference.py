@@ -16,6 +16,7 @@ __all__ = [
     "token_positions",
     "pair_angles",
     "rotate",
+    "round_to_dtype",
 ]
 
 
@@ -92,3 +93,23 @@ def rotate(x, angles, *, rotary_dim: int, interleaved: bool, scale: float = 1.0,
         out[..., :half] = x1 * cos - x2 * sin
         out[..., half:rotary_dim] = x2 * cos + x1 * sin
     return out
+
+
+def round_to_dtype(y, dtype):
+    """Float64 ``y`` correctly rounded (nearest even) to ``dtype``.
+
+    float32/float16: NumPy's casts round once. bfloat16: ml_dtypes casts through
+    float32, which would round twice; rounding to float32 *to odd* first (sticky
+    low bit) makes the second rounding exact."""
+    y = np.asarray(y, dtype=np.float64)
+    name = np.dtype(dtype).name
+    if name != "bfloat16":
+        return y.astype(dtype)
+    t = y.astype(np.float32)
+    back = t.astype(np.float64)
+    with np.errstate(invalid="ignore"):
+        too_far = np.abs(back) > np.abs(y)
+    t = np.where(too_far, np.nextafter(t, np.float32(0)), t)
+    inexact = t.astype(np.float64) != y
+    bits = t.view(np.uint32) | inexact.astype(np.uint32)
+    return bits.view(np.float32).astype(dtype)

@@ -48,12 +48,10 @@ def ulp(values, dtype):
 
 
 def round_to(ref, dtype):
-    if dtype == "float16":
-        return ref.astype(np.float16).astype(np.float64)
     if dtype == "bfloat16":
         import ml_dtypes
-        return ref.astype(ml_dtypes.bfloat16).astype(np.float64)
-    return ref.astype(np.float32).astype(np.float64)
+        return reference.round_to_dtype(ref, ml_dtypes.bfloat16).astype(np.float64)
+    return ref.astype(dtype).astype(np.float64)
 
 
 def assert_matches(out, ref, xmax, dtype, scale=1.0):

@@ -1,0 +1,495 @@
+"""Bad inputs to the public API on NumPy arrays: each raises an error naming the
+argument. Also the edge inputs that are not errors: empty tensors, NaN, Inf."""
+import types
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import cuprope
+from cuprope import RopeConfig, reference, rope_backward, rope_forward, rope_qk_backward, rope_qk_forward
+
+B, S, H, D = 2, 5, 3, 8
+
+
+def randn(rng, shape, dtype=np.float32):
+    x = rng.standard_normal(shape)
+    x[x == 0] = 0.5
+    return x.astype(dtype)
+
+
+@pytest.fixture
+def x(rng):
+    return randn(rng, (B, S, H, D))
+
+
+@pytest.fixture
+def cfg():
+    return RopeConfig(D)
+
+
+# --------------------------------------------------------------------------- rotary_dim
+
+@pytest.mark.parametrize("bad", [3, 7, 0, -2, -3])
+def test_odd_zero_or_negative_rotary_dim_is_rejected(bad):
+    with pytest.raises(ValueError, match=r"rotary_dim must be a positive even integer"):
+        RopeConfig(bad)
+    with pytest.raises(ValueError, match=r"rotary_dim must be a positive even integer"):
+        reference.default_inv_freq(bad)
+
+
+@pytest.mark.parametrize("bad", [4.0, "4", None, True, np.float32(4), [4]])
+def test_non_int_rotary_dim_is_rejected(bad):
+    with pytest.raises(TypeError, match=r"rotary_dim must be an int"):
+        RopeConfig(bad)
+
+
+def test_numpy_integer_rotary_dim_is_accepted():
+    assert RopeConfig(np.int64(8)).rotary_dim == 8
+
+
+@pytest.mark.parametrize("fn", ["forward", "backward", "qk_forward", "qk_backward"])
+def test_rotary_dim_larger_than_head_dim_is_rejected(x, fn):
+    big = RopeConfig(D + 2)
+    call = {"forward": lambda: rope_forward(x, big),
+            "backward": lambda: rope_backward(x, big),
+            "qk_forward": lambda: rope_qk_forward(x, x.copy(), big),
+            "qk_backward": lambda: rope_qk_backward(x, x.copy(), big)}[fn]
+    with pytest.raises(ValueError, match=r"rotary_dim \(10\) must be <= the head dim of (x|grad_out|q|grad_q) \(8\)"):
+        call()
+
+
+# --------------------------------------------------------------------------- dtypes and shapes
+
+@pytest.mark.parametrize("dtype", [np.float64, np.int32, np.int64, np.complex64, np.bool_,
+                                   ml_dtypes.float8_e4m3fn])
+def test_unsupported_dtype_is_rejected_naming_the_tensor(rng, cfg, dtype):
+    bad = randn(rng, (B, S, H, D)).astype(dtype)
+    good = randn(rng, (B, S, H, D))
+    with pytest.raises(TypeError, match=r"x must have dtype float32, float16 or bfloat16"):
+        rope_forward(bad, cfg)
+    with pytest.raises(TypeError, match=r"grad_out must have dtype"):
+        rope_backward(bad, cfg)
+    with pytest.raises(TypeError, match=r"k must have dtype"):
+        rope_qk_forward(good, bad, cfg)
+    with pytest.raises(TypeError, match=r"grad_q must have dtype"):
+        rope_qk_backward(bad, good, cfg)
+
+
+@pytest.mark.parametrize("layout,shape", [("bshd", (B, S, D)), ("bshd", (1, B, S, H, D)),
+                                          ("bhsd", (S, H, D)), ("thd", (B, S, H, D)),
+                                          ("thd", (S, D))])
+def test_wrong_rank_for_layout_is_rejected(rng, layout, shape):
+    with pytest.raises(ValueError, match=r"x must be \[.*\] for layout"):
+        rope_forward(randn(rng, shape), RopeConfig(D, layout=layout))
+
+
+@pytest.mark.parametrize("bad", [None, [[1.0, 2.0]], 3.0, "x"])
+def test_non_array_tensor_is_rejected_naming_it(x, cfg, bad):
+    with pytest.raises(TypeError, match=r"^x must be an array"):
+        rope_forward(bad, cfg)
+    with pytest.raises(TypeError, match=r"^k must be an array"):
+        rope_qk_forward(x, bad, cfg)
+
+
+@pytest.mark.parametrize("layout", ["bshd", "bhsd"])
+@pytest.mark.parametrize("which", ["batch", "seq"])
+def test_q_and_k_with_different_batch_or_sequence_sizes_are_rejected(rng, layout, which):
+    cfg = RopeConfig(D, layout=layout)
+    canon_q, canon_k = (B, S, 4, D), ((B + 1, S, 2, D) if which == "batch" else (B, S + 1, 2, D))
+    to = (lambda s: s) if layout == "bshd" else (lambda s: (s[0], s[2], s[1], s[3]))
+    q, k = randn(rng, to(canon_q)), randn(rng, to(canon_k))
+    with pytest.raises(ValueError, match=r"q and k must have the same batch and sequence sizes"):
+        rope_qk_forward(q, k, cfg)
+    with pytest.raises(ValueError, match=r"grad_q and grad_k must have the same batch and sequence"):
+        rope_qk_backward(q, k, cfg)
+
+
+def test_q_and_k_with_different_token_counts_are_rejected_for_thd(rng):
+    cfg = RopeConfig(D, layout="thd")
+    with pytest.raises(ValueError, match=r"q and k must have the same token count"):
+        rope_qk_forward(randn(rng, (S, 4, D)), randn(rng, (S + 2, 4, D)), cfg)
+
+
+def test_q_and_k_with_different_head_dims_are_rejected(rng):
+    cfg = RopeConfig(4)
+    with pytest.raises(ValueError, match=r"q and k must have the same head dim, got 8 and 10"):
+        rope_qk_forward(randn(rng, (B, S, H, 8)), randn(rng, (B, S, H, 10)), cfg)
+
+
+def test_q_and_k_with_different_dtypes_are_rejected(rng, cfg):
+    q = randn(rng, (B, S, H, D))
+    with pytest.raises(TypeError, match=r"q and k must share a dtype, got float32 and float16"):
+        rope_qk_forward(q, q.astype(np.float16), cfg)
+    with pytest.raises(TypeError, match=r"grad_q and grad_k must share a dtype"):
+        rope_qk_backward(q.astype(ml_dtypes.bfloat16), q, cfg)
+
+
+class _HostJaxLike:
+    """Stand-in for a CPU ``jax.Array`` (jax is not a test dependency): cuprope
+    identifies an array's framework by its type's module, and reads a host JAX
+    array through ``devices()`` and ``__array__``."""
+    __module__ = "jax._stand_in"
+
+    def __init__(self, a):
+        self._a = a
+
+    def devices(self):
+        return [types.SimpleNamespace(platform="cpu")]
+
+    def __array__(self, dtype=None, copy=None):
+        return self._a if dtype is None else self._a.astype(dtype)
+
+
+def _other_frameworks():
+    kinds = [pytest.param(_HostJaxLike, id="jax-stand-in")]
+    try:
+        import torch
+        kinds.append(pytest.param(lambda a: torch.from_numpy(a), id="torch"))
+    except Exception:
+        pass
+    try:
+        import jax.numpy as jnp
+        kinds.append(pytest.param(lambda a: jnp.asarray(a), id="jax"))
+    except Exception:
+        pass
+    return kinds
+
+
+@pytest.mark.parametrize("wrap", _other_frameworks())
+def test_q_and_k_from_different_frameworks_are_rejected(x, cfg, wrap):
+    other = wrap(x.copy())
+    with pytest.raises(TypeError, match=r"q and k must come from the same framework, got numpy and"):
+        rope_qk_forward(x, other, cfg)
+    with pytest.raises(TypeError, match=r"grad_q and grad_k must come from the same framework"):
+        rope_qk_backward(other, x, cfg)
+
+
+def test_non_contiguous_last_dim_is_rejected_naming_the_tensor(rng):
+    cfg = RopeConfig(4)
+    wide = randn(rng, (B, S, H, 2 * D))
+    strided = wide[..., ::2]
+    assert strided.shape[-1] == D
+    with pytest.raises(ValueError, match=r"^x: the last \(head\) dim must be contiguous"):
+        rope_forward(strided, cfg)
+    with pytest.raises(ValueError, match=r"^k: the last \(head\) dim must be contiguous"):
+        rope_qk_forward(np.ascontiguousarray(strided), strided, cfg)
+    with pytest.raises(ValueError, match=r"^grad_out: the last \(head\) dim must be contiguous"):
+        rope_backward(wide[..., ::-1][..., :D], cfg)
+
+
+# --------------------------------------------------------------------------- positions / offsets
+
+@pytest.mark.parametrize("layout,pshape", [("bshd", (S + 1,)), ("bshd", (B, S, 1)), ("bshd", (B + 1, S)),
+                                           ("bshd", (S, B)), ("bshd", ()), ("bhsd", (H, S)),
+                                           ("thd", (1, S)), ("thd", (S - 1,))])
+def test_positions_of_wrong_shape_are_rejected(rng, layout, pshape):
+    shape = {"bshd": (B, S, H, D), "bhsd": (B, H, S, D), "thd": (S, H, D)}[layout]
+    cfg = RopeConfig(D, layout=layout)
+    pos = np.full(pshape, 1, np.int64)
+    with pytest.raises(ValueError, match=r"^positions must have shape"):
+        rope_forward(randn(rng, shape), cfg, positions=pos)
+
+
+def test_multi_stream_positions_without_the_stream_axis_are_rejected(x):
+    cfg = RopeConfig(D, stream_map=[0, 1, 1, 0])
+    with pytest.raises(ValueError, match=r"^positions must have shape \[2, 5\] or \[2, 2, 5\]"):
+        rope_forward(x, cfg, positions=np.arange(S))
+    with pytest.raises(ValueError, match=r"^positions must have shape"):
+        rope_forward(x, cfg, positions=np.zeros((3, S), np.int64))
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32, np.int16, np.uint32, np.uint64, np.bool_])
+def test_positions_of_wrong_dtype_are_rejected(x, cfg, dtype):
+    with pytest.raises(TypeError, match=r"^positions must have dtype int32 or int64"):
+        rope_forward(x, cfg, positions=np.arange(S).astype(dtype))
+
+
+def test_positions_that_are_not_an_array_are_rejected(x, cfg):
+    with pytest.raises(TypeError, match=r"^positions must be an array"):
+        rope_forward(x, cfg, positions=list(range(S)))
+
+
+@pytest.mark.parametrize("sshape", [(B + 1,), (B, 1), (1,), ()])
+def test_seq_offsets_of_wrong_shape_are_rejected(x, cfg, sshape):
+    with pytest.raises(ValueError, match=r"^seq_offsets must have shape \[2\]"):
+        rope_forward(x, cfg, seq_offsets=np.zeros(sshape, np.int32))
+
+
+def test_seq_offsets_of_wrong_dtype_are_rejected(x, cfg):
+    with pytest.raises(TypeError, match=r"^seq_offsets must have dtype int32 or int64"):
+        rope_forward(x, cfg, seq_offsets=np.zeros(B, np.float32))
+
+
+def test_non_contiguous_seq_offsets_are_rejected(x, cfg):
+    with pytest.raises(ValueError, match=r"^seq_offsets must be contiguous"):
+        rope_forward(x, cfg, seq_offsets=np.arange(2 * B, dtype=np.int64)[::2])
+
+
+def test_more_than_2_to_the_31_tokens_per_call_are_rejected(cfg):
+    # a zero-stride view: 2^16 x 2^15 + 1 tokens without allocating them
+    huge = np.broadcast_to(np.ones((1, 1, 1, D), np.float32), (2 ** 16, 2 ** 15 + 1, 1, D))
+    with pytest.raises(ValueError, match=r"^at most 2147483647 tokens \(B\*S\) per call"):
+        rope_forward(huge, cfg)
+
+
+@pytest.mark.parametrize("bad", [1.0, np.float64(2), "3", None, True, 1 + 0j])
+def test_non_int_offset_is_rejected(x, cfg, bad):
+    with pytest.raises(TypeError, match=r"^offset must be an int"):
+        rope_forward(x, cfg, offset=bad)
+    with pytest.raises(TypeError, match=r"^offset must be an int"):
+        rope_qk_backward(x, x.copy(), cfg, offset=bad)
+
+
+def test_numpy_integer_offset_is_accepted_and_equals_the_python_int(x, cfg):
+    np.testing.assert_array_equal(rope_forward(x, cfg, offset=np.int32(9)), rope_forward(x, cfg, offset=9))
+
+
+@pytest.mark.parametrize("bad", [2 ** 63, -(2 ** 63)])
+def test_offset_out_of_range_is_rejected(x, cfg, bad):
+    with pytest.raises(ValueError, match=r"^offset out of range"):
+        rope_forward(x, cfg, offset=bad)
+
+
+# --------------------------------------------------------------------------- out= / inplace
+
+def test_out_overlapping_a_shifted_view_of_the_input_is_rejected(rng, cfg):
+    n = B * S * H * D
+    buf = randn(rng, (n + D,))
+    xa = buf[:n].reshape(B, S, H, D)
+    shifted = buf[D:].reshape(B, S, H, D)     # same buffer, one head later
+    before = buf.copy()
+    with pytest.raises(ValueError, match=r"^out overlaps an input without being exactly that input"):
+        rope_forward(xa, cfg, out=shifted)
+    np.testing.assert_array_equal(buf, before)  # nothing was written
+
+
+def test_out_that_is_a_reordered_view_of_the_input_is_rejected(x, cfg):
+    with pytest.raises(ValueError, match=r"^out overlaps an input"):
+        rope_forward(x, cfg, out=x[:, ::-1])
+    with pytest.raises(ValueError, match=r"^out overlaps an input"):
+        rope_forward(x[:, :, :2], cfg, out=x[:, :, 1:])
+
+
+def test_out_sharing_a_buffer_but_no_element_with_the_input_is_accepted(rng, cfg):
+    # x and out interleave in one buffer (like q and k slices of a fused qkv tensor):
+    # their byte ranges overlap but no element is shared, so this is not an overlap.
+    buf = randn(rng, (B, S, H, 2, D))
+    x, out = buf[:, :, :, 0, :], buf[:, :, :, 1, :]
+    x0 = x.copy()
+    assert rope_forward(x, cfg, out=out) is out
+    np.testing.assert_array_equal(out, rope_forward(x0, cfg))
+    np.testing.assert_array_equal(x, x0)
+    # and q, k as disjoint interleaved views may be rotated in place together
+    qkv = randn(rng, (B, S, 2, H, D))
+    q, k = qkv[:, :, 0], qkv[:, :, 1]
+    want_q, want_k = rope_qk_forward(q.copy(), k.copy(), cfg)
+    rope_qk_forward(q, k, cfg, inplace=True)
+    np.testing.assert_array_equal(qkv[:, :, 0], want_q)
+    np.testing.assert_array_equal(qkv[:, :, 1], want_k)
+
+
+def test_qk_outputs_swapped_or_shared_are_rejected(x, cfg):
+    q, k = x, x.copy()
+    with pytest.raises(ValueError, match=r"^out overlaps an input"):
+        rope_qk_forward(q, k, cfg, out=(k, q))
+    o = np.empty_like(x)
+    with pytest.raises(ValueError, match=r"^the two outputs overlap"):
+        rope_qk_forward(q, k, cfg, out=(o, o))
+    with pytest.raises(ValueError, match=r"overlap"):   # q is k, rotated in place twice
+        rope_qk_forward(q, q, cfg, inplace=True)
+
+
+@pytest.mark.parametrize("oshape", [(B, S, H, D + 2), (B, S, H), (S, B, H, D), (B, S, H + 1, D)])
+def test_out_of_wrong_shape_is_rejected(x, cfg, oshape):
+    with pytest.raises(ValueError, match=r"^out must have shape \(2, 5, 3, 8\) and dtype float32"):
+        rope_forward(x, cfg, out=np.empty(oshape, np.float32))
+
+
+@pytest.mark.parametrize("odtype", [np.float16, np.float64, ml_dtypes.bfloat16])
+def test_out_of_wrong_dtype_is_rejected(x, cfg, odtype):
+    with pytest.raises(ValueError, match=r"^out must have shape .* and dtype float32, got .* "):
+        rope_forward(x, cfg, out=np.empty(x.shape, odtype))
+
+
+def test_out_with_non_contiguous_last_dim_is_rejected(x, cfg):
+    wide = np.empty(x.shape[:-1] + (2 * D,), np.float32)
+    with pytest.raises(ValueError, match=r"^out: the last dim must be contiguous"):
+        rope_forward(x, cfg, out=wide[..., ::2])
+
+
+def test_out_that_is_not_an_array_or_pair_is_rejected(x, cfg):
+    with pytest.raises(TypeError, match=r"^out must be an array"):
+        rope_forward(x, cfg, out=x.tolist())
+    with pytest.raises(TypeError, match=r"^out must be a \(q_out, k_out\) pair"):
+        rope_qk_forward(x, x.copy(), cfg, out=np.empty_like(x))
+    with pytest.raises(TypeError, match=r"^out must be a \(q_out, k_out\) pair"):
+        rope_qk_forward(x, x.copy(), cfg, out=(np.empty_like(x),))
+
+
+def test_out_together_with_inplace_is_rejected(x, cfg):
+    with pytest.raises(ValueError, match=r"either out= or inplace=True, not both"):
+        rope_forward(x, cfg, out=np.empty_like(x), inplace=True)
+    with pytest.raises(ValueError, match=r"either out= or inplace=True, not both"):
+        rope_qk_forward(x, x.copy(), cfg, out=(np.empty_like(x), np.empty_like(x)), inplace=True)
+
+
+def test_read_only_out_or_inplace_target_is_rejected_before_anything_is_written(rng, cfg):
+    q, k = randn(rng, (B, S, H, D)), randn(rng, (B, S, H, D))
+    ro = np.empty_like(k)
+    ro.setflags(write=False)
+    q_out = np.full_like(q, 7.0)
+    with pytest.raises(ValueError, match=r"\bout\b.*(writ|read-only)"):
+        rope_qk_forward(q, k, cfg, out=(q_out, ro))
+    assert np.all(q_out == 7.0), "q's output was written before k's was found read-only"
+    frozen = q.copy()
+    frozen.setflags(write=False)
+    with pytest.raises(ValueError, match=r"\bx\b.*(writ|read-only)"):
+        rope_forward(frozen, cfg, inplace=True)
+
+
+# --------------------------------------------------------------------------- config
+
+@pytest.mark.parametrize("table_shape", [(D // 2 + 1,), (H, D // 2 - 1), (2, H, D // 2), ()])
+def test_inv_freq_of_wrong_shape_is_rejected(table_shape):
+    with pytest.raises(ValueError, match=r"^inv_freq must have shape \[R/2\] or \[H, R/2\] with R/2 = 4"):
+        RopeConfig(D, inv_freq=np.ones(table_shape))
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_non_finite_inv_freq_is_rejected(bad):
+    t = np.ones(D // 2)
+    t[1] = bad
+    with pytest.raises(ValueError, match=r"^inv_freq must be finite"):
+        RopeConfig(D, inv_freq=t)
+
+
+def test_per_head_table_with_wrong_head_count_is_rejected(x):
+    cfg = RopeConfig(D, inv_freq=np.ones((H + 1, D // 2)))
+    with pytest.raises(ValueError, match=r"^x has 3 heads but the per-head inv_freq table has 4 rows"):
+        rope_forward(x, cfg)
+    # GQA: a table sized for q's heads does not fit k's
+    cfg_q = RopeConfig(D, inv_freq=np.ones((H, D // 2)))
+    with pytest.raises(ValueError, match=r"^k has 1 heads but the per-head inv_freq table has 3 rows"):
+        rope_qk_forward(x, x[:, :, :1].copy(), cfg_q)
+    bhsd = RopeConfig(D, inv_freq=np.ones((S, D // 2)), layout="bhsd")   # rows = S, not H
+    with pytest.raises(ValueError, match=r"^x has 3 heads but the per-head inv_freq table has 5 rows"):
+        rope_forward(np.ascontiguousarray(x.transpose(0, 2, 1, 3)), bhsd)
+
+
+@pytest.mark.parametrize("bad", ["BSHD", "sbhd", "", "bsh d", None])
+def test_unknown_layout_name_is_rejected(bad):
+    with pytest.raises(ValueError, match=r"^layout must be one of \('bshd', 'bhsd', 'thd'\)"):
+        RopeConfig(D, layout=bad)
+
+
+@pytest.mark.parametrize("bad", [0.0, -1.0, np.inf, np.nan])
+def test_non_positive_or_non_finite_base_is_rejected(bad):
+    with pytest.raises(ValueError, match=r"^base must be a positive finite number"):
+        RopeConfig(D, base=bad)
+
+
+@pytest.mark.parametrize("smap", [[0, 1, 2], [0, 1, 1, 0, 0], [[0, 1], [1, 0]], [0.0, 1.0, 1.0, 0.0]])
+def test_stream_map_of_wrong_shape_or_dtype_is_rejected(smap):
+    with pytest.raises(ValueError, match=r"^stream_map must be an integer array of shape \[4\]"):
+        RopeConfig(D, stream_map=np.asarray(smap))
+
+
+def test_negative_stream_map_entry_is_rejected():
+    with pytest.raises(ValueError, match=r"^stream_map entries must be >= 0"):
+        RopeConfig(D, stream_map=[0, -1, 0, 0])
+
+
+@pytest.mark.parametrize("bad", [None, {"rotary_dim": 8}, 8, "bshd"])
+def test_config_that_is_not_a_rope_config_is_rejected(x, bad):
+    with pytest.raises(TypeError, match=r"^config must be a cuprope.RopeConfig"):
+        rope_forward(x, bad)
+    with pytest.raises(TypeError, match=r"^config must be a cuprope.RopeConfig"):
+        rope_qk_backward(x, x.copy(), bad)
+
+
+# --------------------------------------------------------------------------- empty, NaN, Inf
+
+EMPTY_SHAPES = {"bshd": [(0, S, H, D), (B, 0, H, D), (B, S, 0, D)],
+                "bhsd": [(0, H, S, D), (B, H, 0, D), (B, 0, S, D)],
+                "thd": [(0, H, D), (S, 0, D)]}
+
+
+@pytest.mark.parametrize("layout,shape", [(lay, s) for lay, ss in EMPTY_SHAPES.items() for s in ss])
+@pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16])
+def test_empty_tensors_return_empty_results_of_same_shape_and_dtype(layout, shape, dtype):
+    cfg = RopeConfig(D, layout=layout)
+    e = np.empty(shape, dtype)
+    y = rope_forward(e, cfg)
+    assert isinstance(y, np.ndarray) and y.shape == shape and y.dtype == e.dtype
+    gq, gk = rope_qk_backward(e, e.copy(), cfg)
+    assert gq.shape == gk.shape == shape and gq.dtype == gk.dtype == e.dtype
+    o = np.empty_like(e)
+    assert rope_forward(e, cfg, out=o) is o
+    assert rope_forward(e, cfg, inplace=True) is e
+
+
+def test_empty_q_does_not_stop_a_non_empty_k_from_being_rotated(rng, cfg):
+    q = np.empty((B, S, 0, D), np.float32)          # zero query heads
+    k = randn(rng, (B, S, 2, D))
+    _, kr = rope_qk_forward(q, k, cfg)
+    want = rope_forward(k, cfg)
+    np.testing.assert_array_equal(kr, want)
+    ko = np.full_like(k, 7.0)
+    rope_qk_forward(q, k, cfg, out=(np.empty_like(q), ko))
+    np.testing.assert_array_equal(ko, want)
+
+
+def _pair_partner(i, rotary_dim, interleaved):
+    if interleaved:
+        return i ^ 1
+    h = rotary_dim // 2
+    return i + h if i < h else i - h
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize("interleaved", [True, False])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, ml_dtypes.bfloat16])
+def test_nan_stays_nan_and_only_spoils_its_own_pair(rng, interleaved, dtype):
+    r = 8
+    cfg = RopeConfig(r, interleaved=interleaved)
+    x = randn(rng, (B, S, H, 12), dtype)
+    clean = rope_forward(x, cfg)
+    i = 2
+    j = _pair_partner(i, r, interleaved)
+    xn = x.copy()
+    xn[1, 3, 2, i] = np.nan        # a rotated dim, at position 3
+    xn[0, 1, 0, 10] = np.nan       # a pass-through dim
+    y = rope_forward(xn, cfg).astype(np.float64)
+    assert np.isnan(y[1, 3, 2, i]) and np.isnan(y[1, 3, 2, j])
+    assert np.isnan(y[0, 1, 0, 10])
+    spoiled = np.zeros(y.shape, bool)
+    spoiled[1, 3, 2, [i, j]] = True
+    spoiled[0, 1, 0, 10] = True
+    assert not np.isnan(y[~spoiled]).any()
+    np.testing.assert_array_equal(y[~spoiled], clean.astype(np.float64)[~spoiled])
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize("interleaved", [True, False])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, ml_dtypes.bfloat16])
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_inf_at_position_zero_stays_inf_and_other_pairs_are_untouched(rng, interleaved, dtype, sign):
+    r = 8
+    cfg = RopeConfig(r, interleaved=interleaved)
+    x = randn(rng, (B, S, H, 12), dtype)
+    clean = rope_forward(x, cfg).astype(np.float64)
+    i = 5
+    j = _pair_partner(i, r, interleaved)
+    xi = x.copy()
+    xi[0, 0, 1, i] = sign * np.inf      # position 0: every pair's angle is 0
+    xi[1, 2, 0, 11] = sign * np.inf     # pass-through dim, position 2
+    y = rope_forward(xi, cfg).astype(np.float64)
+    assert y[0, 0, 1, i] == sign * np.inf
+    assert y[1, 2, 0, 11] == sign * np.inf
+    # the partner gets Inf·sin(0) = Inf·0 (NaN under IEEE) and is not checked;
+    # everything outside the pair is exactly the clean result
+    touched = np.zeros(y.shape, bool)
+    touched[0, 0, 1, [i, j]] = True
+    touched[1, 2, 0, 11] = True
+    np.testing.assert_array_equal(y[~touched], clean[~touched])
