@@ -207,16 +207,16 @@ class _Driver:
         if not self._ok:
             return None
         import ctypes
-        arg = ctypes.c_void_p(plan.buf.ctypes.data)
-        arr = (ctypes.c_void_p * 1)(ctypes.addressof(arg))
+        # kernelParams[i] points at argument i's bytes: here the RopeArgs struct itself.
+        arr = (ctypes.c_void_p * 1)(plan.buf.ctypes.data)
         func = plan.func
         ptr = getattr(func, "ptr", None)
         if ptr is None:  # a cupy RawKernel: its Function for the current device
             ptr = func.kernel.ptr
-        return (arg, arr, ctypes.addressof(arr), int(ptr))
+        return (arr, ctypes.addressof(arr), int(ptr))
 
     def launch(self, plan, stream_ptr) -> bool:
-        _, _, params, func = plan._params
+        _, params, func = plan._params
         g, b = plan.grid, plan.block
         return self._fn(func, g[0], g[1], g[2], b[0], b[1], b[2], plan.smem, stream_ptr,
                         params, None) == 0

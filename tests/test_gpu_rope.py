@@ -347,3 +347,29 @@ def test_gpu_positions_on_host_rejected(rng):
     x = rand((1, 4, 2, 64), "float32", rng)
     with pytest.raises(ValueError, match="positions is on host"):
         cuprope.rope_forward(x, cfg, positions=np.arange(4))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_repeated_calls_take_the_cached_fast_path_correctly(dtype, rng):
+    """The first call validates and plans; later calls with the same signature
+    reuse the plan and launch through the driver directly. Every call must see
+    its own data, pointers, positions and offset."""
+    import torch
+    cfg = cuprope.RopeConfig(64, interleaved=dtype == "float16")
+    pos = torch.arange(10, dtype=torch.int64, device="cuda")
+    for call in range(4):
+        q = rand((2, 10, 4, 96), dtype, rng)
+        k = rand((2, 10, 2, 96), dtype, rng)
+        pos.add_(1000 * call)
+        oq, ok = cuprope.rope_qk_forward(q, k, cfg, positions=pos, offset=call)
+        xmax = max(np.abs(host(q)).max(), np.abs(host(k)).max())
+        for got, x in ((oq, q), (ok, k)):
+            ref = expected(host(x), cfg, positions=pos.cpu().numpy(), offset=call)
+            assert_matches(host(got), ref, xmax, dtype)
+        # in-place through the fast path too
+        q2 = q.clone()
+        res = cuprope.rope_qk_forward(q2, k.clone(), cfg, positions=pos, offset=call, inplace=True)
+        assert res[0] is q2
+        assert_matches(host(q2), expected(host(q), cfg, positions=pos.cpu().numpy(), offset=call),
+                       xmax, dtype)
+    assert cfg._plans, "no plan was cached"
