@@ -13,7 +13,7 @@ from ._loader import ITEMSIZE, MODULES, kernel_name, tuning_defines, vec_widths
 
 THREADS = 256      # kernels/rope.cuh kThreads
 SMEM_LIMIT = 32 * 1024
-MAX_TOKENS = 2 ** 31 - 1  # the kernel indexes tokens in 32 bits
+MAX_UNITS = 2 ** 32 - 1  # the kernel indexes (token, head group) in 32 bits
 
 # Mirrors struct RopeArgs in kernels/rope.cuh: 34 int64, 2 float64, 2 int64.
 _ARGS = struct.Struct("<34q2d2q")
@@ -32,14 +32,15 @@ def sm_count(device: int) -> int:
     return n
 
 
-ROWS_IN_FLIGHT = int(tuning_defines().get("CUPROPE_ROWS", 4))  # kernels/rope.cuh kRows
+WARPS_PER_BLOCK = int(tuning_defines().get("CUPROPE_WARPS", 4))
 
 
-def _function(device, dtype, interleaved, vec):
-    key = (device, dtype, interleaved, vec)
+def _function(device, dtype, interleaved, vec, per_head):
+    key = (device, dtype, interleaved, vec, per_head)
     fn = _FUNCS.get(key)
     if fn is None:
-        fn = MODULES.functions(device)[kernel_name(dtype, interleaved, vec)]
+        family = "per_head" if per_head else "shared"
+        fn = MODULES.functions(device, family)[kernel_name(dtype, interleaved, vec, per_head)]
         _FUNCS[key] = fn
     return fn
 
@@ -76,23 +77,26 @@ def pick_vec(dtype, plans, npairs, tail, n_batch, n_seq) -> int:
     return 1
 
 
-def grid_for(device, dtype, vec, npairs, chunks, htot, tokens, shared_freq):
-    """(grid, block, tokens per block, heads per block, shared bytes)."""
-    bdx = min(chunks, THREADS)
-    bdy = max(1, THREADS // bdx)
-    rows_target = bdy * ROWS_IN_FLIGHT * 2
-    if htot <= rows_target:
-        tpb = rows_target // htot
-        tpb = min(tpb, -(-tokens // (2 * sm_count(device))))
-        if shared_freq:
-            tpb = min(tpb, SMEM_LIMIT // (8 * npairs))
-        tpb = max(tpb, 1)
-        hpb, grid_y = htot, 1
-    else:
-        tpb, hpb = 1, rows_target
-        grid_y = -(-htot // hpb)
-    smem = tpb * npairs * 8 if shared_freq else 0
-    return (-(-tokens // tpb), grid_y, 1), (bdx, bdy, 1), tpb, hpb, smem
+def grid_for(device, npairs, chunks, htot, tokens, per_head):
+    """(grid, block, head groups per token, heads per group, shared bytes).
+
+    One warp per (token, head group). A warp covers 32 // min(chunks, 32) heads
+    per step; with few tokens the heads of a token are split over several warps
+    so the GPU still fills (decode)."""
+    rpw = 32 // min(chunks, 32)
+    steps = -(-htot // rpw)                     # warp steps to cover all heads
+    want = 16 * sm_count(device) * WARPS_PER_BLOCK
+    groups = max(1, min(steps, -(-want // tokens)))
+    per_group = -(-steps // groups) * rpw
+    groups = -(-htot // per_group)
+    wpb = WARPS_PER_BLOCK
+    smem_per_warp = 0 if per_head else npairs * 8
+    while wpb > 1 and wpb * smem_per_warp > SMEM_LIMIT:
+        wpb //= 2
+    if smem_per_warp > SMEM_LIMIT:
+        raise ValueError(f"rotary_dim {2 * npairs} is too large for one warp's cos/sin table")
+    units = tokens * groups
+    return (-(-units // wpb), 1, 1), (32 * wpb, 1, 1), groups, per_group, wpb * smem_per_warp
 
 
 # Offsets of the per-call fields in the int64 view of RopeArgs.
@@ -146,8 +150,9 @@ def make_plan(*, device, dtype, interleaved, plans, n_batch, n_seq, head_dim, ro
     vec = pick_vec(dtype, plans, npairs, tail, n_batch, n_seq)
     chunks = (npairs + tail) // vec
     heads = [p.heads for p in plans] + [0] * (2 - len(plans))
-    grid, block, tpb, hpb, smem = grid_for(device, dtype, vec, npairs, chunks,
-                                           heads[0] + heads[1], n_batch * n_seq, freq_sh == 0)
+    per_head = freq_sh != 0
+    grid, block, groups, per_group, smem = grid_for(device, npairs, chunks, heads[0] + heads[1],
+                                                    n_batch * n_seq, per_head)
     p0 = plans[0]
     p1 = plans[1] if len(plans) > 1 else p0
     pos_is64, pss, psb, pst = pos if pos is not None else (0, 0, 0, 0)
@@ -162,8 +167,8 @@ def make_plan(*, device, dtype, interleaved, plans, n_batch, n_seq, head_dim, ro
         0, pos_is64, pss, psb, pst, 0, int(bool(seq_off)), 0,
         inv_freq_ptr, freq_sh, stream_map_ptr,
         scale, sin_sign,
-        tpb, hpb)
-    func = _function(device, dtype, interleaved, vec)
+        groups, per_group)
+    func = _function(device, dtype, interleaved, vec, per_head)
     return LaunchPlan(device, func, grid, block, smem, vec, vec * ITEMSIZE[dtype], fields)
 
 

@@ -28,13 +28,24 @@ def vec_widths(dtype: str) -> tuple[int, ...]:
     return tuple(v for v in (8, 4, 2, 1) if v <= widest)
 
 
-def kernel_name(dtype: str, interleaved: bool, vec: int) -> str:
-    return f"cuprope::rope_kernel<{DTYPE_CTYPES[dtype]}, {'true' if interleaved else 'false'}, {vec}>"
+def _b(flag: bool) -> str:
+    return "true" if flag else "false"
 
 
-def all_kernel_names() -> list[str]:
-    """Every instantiation the Python side can launch."""
-    return [kernel_name(dt, il, v)
+def kernel_name(dtype: str, interleaved: bool, vec: int, per_head: bool = False) -> str:
+    return (f"cuprope::rope_kernel<{DTYPE_CTYPES[dtype]}, {_b(interleaved)}, {vec}, "
+            f"{_b(per_head)}>")
+
+
+# Instantiations are grouped into modules compiled on first use, so a model
+# with shared frequencies never pays for the per-head variants.
+FAMILIES = ("shared", "per_head")
+
+
+def all_kernel_names(family: str | None = None) -> list[str]:
+    """Every instantiation the Python side can launch (of one family, or all)."""
+    fams = FAMILIES if family is None else (family,)
+    return [kernel_name(dt, il, v, fam == "per_head") for fam in fams
             for dt in DTYPE_CTYPES for il in (False, True) for v in vec_widths(dt)]
 
 
@@ -80,27 +91,28 @@ def compile_options() -> tuple[str, ...]:
 
 
 class _Modules:
-    """Per-device cache of the compiled module and its functions."""
+    """Per-(device, family) cache of the compiled module and its functions."""
 
     def __init__(self):
         self._lock = threading.Lock()
-        self._by_device: dict[int, dict[str, object]] = {}
+        self._built: dict[tuple[int, str], dict[str, object]] = {}
 
-    def functions(self, device_id: int) -> dict[str, object]:
-        fns = self._by_device.get(device_id)
+    def functions(self, device_id: int, family: str = "shared") -> dict[str, object]:
+        key = (device_id, family)
+        fns = self._built.get(key)
         if fns is None:
             with self._lock:
-                fns = self._by_device.get(device_id)
+                fns = self._built.get(key)
                 if fns is None:
-                    fns = self._build(device_id)
-                    self._by_device[device_id] = fns
+                    fns = self._build(device_id, family)
+                    self._built[key] = fns
         return fns
 
     @staticmethod
-    def _build(device_id: int) -> dict[str, object]:
+    def _build(device_id: int, family: str) -> dict[str, object]:
         import cupy
 
-        names = all_kernel_names()
+        names = all_kernel_names(family)
         code = kernel_sources()[ENTRY]
         with cupy.cuda.Device(device_id):
             module = cupy.RawModule(code=code, options=compile_options(), name_expressions=names)

@@ -49,9 +49,9 @@ struct RopeArgs {
   long long stream_map_ptr;  // const int*, [R/2] stream index per pair; 0 = stream 0
   double scale;              // multiplies cos and sin
   double sin_sign;           // +1 forward, -1 inverse
-  // tiling (chosen on the host)
-  long long tok_per_block;
-  long long heads_per_block;
+  // tiling (chosen on the host): each warp owns one (token, head group)
+  long long head_groups;     // groups per token
+  long long heads_per_group; // a multiple of the rows a warp covers per step
 };
 
 template <typename T> __device__ __forceinline__ float to_f32(T x);
@@ -106,11 +106,9 @@ __device__ __forceinline__ long long load_index(long long ptr, long long i, bool
               : static_cast<long long>(reinterpret_cast<const int*>(ptr)[i]);
 }
 
-// Position of token `tok` in position stream `stream`.
-__device__ __forceinline__ long long token_position(const RopeArgs& a, unsigned tok, int stream) {
-  const unsigned n_seq = static_cast<unsigned>(a.n_seq);
-  const long long b = tok / n_seq;
-  const long long s = tok - static_cast<unsigned>(b) * n_seq;
+// Position of the token at (batch b, sequence index s) in position stream `stream`.
+__device__ __forceinline__ long long token_position(const RopeArgs& a, unsigned b, unsigned s,
+                                                    int stream) {
   long long p = a.offset;
   if (a.seq_off_ptr) p += load_index(a.seq_off_ptr, b, a.seq_off_is64);
   if (a.pos_ptr) {
@@ -121,156 +119,135 @@ __device__ __forceinline__ long long token_position(const RopeArgs& a, unsigned 
   return p;
 }
 
-// (cos, sin) of pair j for token tok and head row `frow` of the frequency table,
-// with scale and sin sign applied.
-__device__ __forceinline__ float2 pair_cos_sin(const RopeArgs& a, unsigned tok, int j, long long frow) {
+// (cos, sin) of pair j for the token at (b, s) and head row `frow` of the
+// frequency table, with scale and sin sign applied.
+__device__ __forceinline__ float2 pair_cos_sin(const RopeArgs& a, unsigned b, unsigned s, int j,
+                                               long long frow) {
   const int stream = a.stream_map_ptr ? reinterpret_cast<const int*>(a.stream_map_ptr)[j] : 0;
   const double f = reinterpret_cast<const double*>(a.inv_freq_ptr)[frow * a.freq_sh + j];
-  const float2 cs = exact_cos_sin(token_position(a, tok, stream), f);
+  const float2 cs = exact_cos_sin(token_position(a, b, s, stream), f);
   const float sc = static_cast<float>(a.scale);
   return make_float2(cs.x * sc, cs.y * sc * static_cast<float>(a.sin_sign));
 }
 
-constexpr int kThreads = 256;  // most threads per block (the host launches blockDim.x * blockDim.y <= this)
-// (token, head) rows each thread keeps in flight: with 16-byte packs, 4 rows
-// are 128 bytes of loads per thread. Bytes in flight per SM is what limits a
-// streaming kernel (Little's law), so rows are loaded together and their
-// offsets recomputed at store time rather than held in registers.
+constexpr int kThreads = 256;  // most threads per block (whole warps)
+
+// Rows (heads) each lane keeps in flight per step.
 #ifndef CUPROPE_ROWS
-#define CUPROPE_ROWS 4
-#endif
-#ifndef CUPROPE_MIN_BLOCKS
-#define CUPROPE_MIN_BLOCKS 2
+#define CUPROPE_ROWS 2
 #endif
 constexpr int kRows = CUPROPE_ROWS;
 
-// Block shape: blockDim.x threads walk the chunks of a head (a chunk is VEC
-// pairs, or VEC pass-through elements when copying dims >= R), blockDim.y
-// threads walk rows. A row is one (token, head) of the concatenated head list
-// (q heads, then k heads). A block owns tok_per_block consecutive tokens and
-// heads [blockIdx.y * heads_per_block, ...).
-//
-// Each thread first issues the loads of its first kRows rows, then the block
-// computes cos/sin once per (token, pair) into shared memory (shared
-// frequencies), so the table's float64 math overlaps the memory latency; every
-// head of q and k then reuses the table.
+// Rotate pair (x1, x2) of a chunk held in two packs: pair v is (p0[v], p1[v])
+// for the half split and (e[2v], e[2v+1]) of the concatenation p0|p1 when
+// interleaved. Every index is a compile-time constant after unrolling.
 template <typename T, bool INTERLEAVED, int VEC>
-__global__ void __launch_bounds__(kThreads, CUPROPE_MIN_BLOCKS) rope_kernel(const RopeArgs a) {
-  extern __shared__ float2 cs_table[];  // [tok_per_block][R/2]
+__device__ __forceinline__ void rotate_chunk(Pack<T, VEC>& p0, Pack<T, VEC>& p1, const float2* cs) {
+#pragma unroll
+  for (int v = 0; v < VEC; ++v) {
+    T* e1;
+    T* e2;
+    if (INTERLEAVED) {
+      Pack<T, VEC>& p = (2 * v < VEC) ? p0 : p1;
+      const int i = (2 * v) % VEC;
+      e1 = &p.v[i];
+      e2 = &p.v[i + 1];
+    } else {
+      e1 = &p0.v[v];
+      e2 = &p1.v[v];
+    }
+    const float x1 = to_f32(*e1);
+    const float x2 = to_f32(*e2);
+    *e1 = from_f32<T>(x1 * cs[v].x - x2 * cs[v].y);
+    *e2 = from_f32<T>(x2 * cs[v].x + x1 * cs[v].y);
+  }
+}
+
+// Each warp owns one (token, head group): heads [g*heads_per_group, ...) of the
+// concatenated head list (q heads, then k heads). A lane owns one chunk (VEC
+// pairs of a head, or VEC pass-through elements when copying dims >= R); the
+// warp covers 32/cpr heads per step, cpr = min(chunks, 32) lanes per head.
+//
+// PER_HEAD: the frequency table has one row per head (freq_sh != 0) and cos/sin
+// are computed per (token, head, pair). Otherwise the warp computes cos/sin once per (token, pair) into
+// its slice of shared memory, each lane pulls its chunk's VEC values into
+// registers, and every head of q and k reuses them: per head a lane only
+// advances a pointer, loads two 16-byte packs, rotates and stores.
+template <typename T, bool INTERLEAVED, int VEC, bool PER_HEAD>
+__global__ void __launch_bounds__(kThreads) rope_kernel(const RopeArgs a) {
+  extern __shared__ float2 warp_cs[];  // [warps per block][R/2]
 
   const int npairs = static_cast<int>(a.rot_dim >> 1);
   const int rot_chunks = npairs / VEC;
   const int chunks = rot_chunks + (a.copy_rest ? static_cast<int>((a.head_dim - a.rot_dim) / VEC) : 0);
+  const int cpr = min(chunks, 32);
+  const int rpw = 32 / cpr;
+  const int lane = threadIdx.x & 31;
+  const int sub = lane / cpr;
   const int heads0 = static_cast<int>(a.heads[0]);
   const int htot = heads0 + static_cast<int>(a.heads[1]);
+  const unsigned groups = static_cast<unsigned>(a.head_groups);
+  const unsigned unit = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
   const unsigned n_seq = static_cast<unsigned>(a.n_seq);
-  const unsigned tokens = static_cast<unsigned>(a.n_batch * a.n_seq);  // host checks < 2^31
-  const unsigned tok0 = blockIdx.x * static_cast<unsigned>(a.tok_per_block);
-  const int ntok = static_cast<int>(min(static_cast<unsigned>(a.tok_per_block), tokens - tok0));
-  const int h_begin = static_cast<int>(blockIdx.y * a.heads_per_block);
-  const int hcount = min(static_cast<int>(a.heads_per_block), htot - h_begin);
-  const bool shared_freq = a.freq_sh == 0;
-  const int rows = ntok * hcount;
-  const int tid = threadIdx.y * blockDim.x + threadIdx.x;
-
-  Pack<T, VEC> x[kRows][2];
-  int meta[kRows];  // row index r, or -1
-
-  // Element offset of row r's head in tensor `ten`, for the input or output strides.
-  auto row_offset = [&](int r, bool out, int& ten, int& hh) -> long long {
-    const int t = r / hcount;
-    const int h = h_begin + (r - t * hcount);
-    ten = h < heads0 ? 0 : 1;
-    hh = ten ? h - heads0 : h;
-    const unsigned tok = tok0 + t;
-    const unsigned b = tok / n_seq;
-    const unsigned s = tok - b * n_seq;
-    return out ? b * a.out_sb[ten] + s * a.out_ss[ten] + hh * a.out_sh[ten]
-               : b * a.in_sb[ten] + s * a.in_ss[ten] + hh * a.in_sh[ten];
-  };
-
-  // Issue the loads of rows threadIdx.y + u*blockDim.y, u < kRows, for chunk c.
-  auto load_rows = [&](int row0, int c) {
-#pragma unroll
-    for (int u = 0; u < kRows; ++u) {
-      const int r = row0 + u * static_cast<int>(blockDim.y);
-      meta[u] = -1;
-      if (r >= rows) continue;
-      int ten, hh;
-      const long long in_off = row_offset(r, false, ten, hh);
-      meta[u] = r;
-      if (c < rot_chunks) {
-        const long long e0 = INTERLEAVED ? 2LL * c * VEC : static_cast<long long>(c) * VEC;
-        const long long e1 = INTERLEAVED ? e0 + VEC : e0 + npairs;
-        x[u][0] = load_pack<T, VEC>(a.in_ptr[ten], in_off + e0);
-        x[u][1] = load_pack<T, VEC>(a.in_ptr[ten], in_off + e1);
-      } else {
-        x[u][0] = load_pack<T, VEC>(a.in_ptr[ten], in_off + a.rot_dim + (c - rot_chunks) * VEC);
-      }
-    }
-  };
-
-  auto rotate_store_rows = [&](int c) {
-#pragma unroll
-    for (int u = 0; u < kRows; ++u) {
-      const int r = meta[u];
-      if (r < 0) continue;
-      int ten, hh;
-      const long long out_off = row_offset(r, true, ten, hh);
-      if (c >= rot_chunks) {
-        store_pack<T, VEC>(a.out_ptr[ten], out_off + a.rot_dim + (c - rot_chunks) * VEC, x[u][0]);
-        continue;
-      }
-      const int t = r / hcount;
-      // e[0..2*VEC): the chunk's elements; pair v is (e[v], e[VEC + v]) for the
-      // half split and (e[2v], e[2v + 1]) when interleaved.
-      T e[2 * VEC];
-#pragma unroll
-      for (int v = 0; v < VEC; ++v) {
-        e[v] = x[u][0].v[v];
-        e[VEC + v] = x[u][1].v[v];
-      }
-#pragma unroll
-      for (int v = 0; v < VEC; ++v) {
-        const int j = c * VEC + v;
-        const float2 cs = shared_freq ? cs_table[t * npairs + j]
-                                      : pair_cos_sin(a, tok0 + t, j, hh);
-        const int i1 = INTERLEAVED ? 2 * v : v;
-        const int i2 = INTERLEAVED ? 2 * v + 1 : VEC + v;
-        const float x1 = to_f32(e[i1]);
-        const float x2 = to_f32(e[i2]);
-        e[i1] = from_f32<T>(x1 * cs.x - x2 * cs.y);
-        e[i2] = from_f32<T>(x2 * cs.x + x1 * cs.y);
-      }
-#pragma unroll
-      for (int v = 0; v < VEC; ++v) {
-        x[u][0].v[v] = e[v];
-        x[u][1].v[v] = e[VEC + v];
-      }
-      const long long e0 = INTERLEAVED ? 2LL * c * VEC : static_cast<long long>(c) * VEC;
-      const long long e1 = INTERLEAVED ? e0 + VEC : e0 + npairs;
-      store_pack<T, VEC>(a.out_ptr[ten], out_off + e0, x[u][0]);
-      store_pack<T, VEC>(a.out_ptr[ten], out_off + e1, x[u][1]);
-    }
-  };
-
-  const int c0 = threadIdx.x;
-  const bool has_first = c0 < chunks;
-  if (has_first) load_rows(threadIdx.y, c0);
-
-  if (shared_freq) {
-    for (int i = tid; i < ntok * npairs; i += blockDim.x * blockDim.y) {
-      const int t = i / npairs;
-      cs_table[i] = pair_cos_sin(a, tok0 + t, i - t * npairs, 0);
-    }
-    __syncthreads();
+  if (unit >= static_cast<unsigned>(a.n_batch * a.n_seq) * groups) return;  // whole warp
+  const unsigned tok = unit / groups;
+  const int h0 = static_cast<int>(unit - tok * groups) * static_cast<int>(a.heads_per_group);
+  const int h1 = min(htot, h0 + static_cast<int>(a.heads_per_group));
+  const unsigned b = tok / n_seq;
+  const unsigned s = tok - b * n_seq;
+  float2* my_cs = warp_cs + (threadIdx.x >> 5) * npairs;
+  if (!PER_HEAD) {
+    for (int p = lane; p < npairs; p += 32) my_cs[p] = pair_cos_sin(a, b, s, p, 0);
+    __syncwarp();
   }
+  if (sub >= rpw) return;  // lanes left over when cpr does not divide 32
 
-  // First group (already loaded), then the rest of this thread's (row, chunk) work.
-  for (int c = c0; c < chunks; c += blockDim.x) {
-    for (int row0 = threadIdx.y; row0 < rows; row0 += kRows * blockDim.y) {
-      if (!(c == c0 && row0 == static_cast<int>(threadIdx.y))) load_rows(row0, c);
-      rotate_store_rows(c);
+  const long long in_base0 = b * a.in_sb[0] + s * a.in_ss[0];
+  const long long in_base1 = b * a.in_sb[1] + s * a.in_ss[1];
+  const long long out_base0 = b * a.out_sb[0] + s * a.out_ss[0];
+  const long long out_base1 = b * a.out_sb[1] + s * a.out_ss[1];
+
+  for (int c = lane - sub * cpr; c < chunks; c += cpr) {
+    const bool rot = c < rot_chunks;
+    // element offsets of the chunk's two packs (one pack for a pass-through chunk)
+    const long long e0 = rot ? (INTERLEAVED ? 2LL * c * VEC : static_cast<long long>(c) * VEC)
+                             : a.rot_dim + static_cast<long long>(c - rot_chunks) * VEC;
+    const long long e1 = INTERLEAVED ? e0 + VEC : e0 + npairs;
+    float2 cs[VEC];
+    if (rot && !PER_HEAD) {
+#pragma unroll
+      for (int v = 0; v < VEC; ++v) cs[v] = my_cs[c * VEC + v];
+    }
+    for (int h = h0 + sub; h < h1; h += kRows * rpw) {
+      Pack<T, VEC> x[kRows][2];
+#pragma unroll
+      for (int u = 0; u < kRows; ++u) {
+        const int hu = h + u * rpw;
+        if (hu >= h1) continue;
+        const bool is_k = hu >= heads0;
+        const long long ptr = is_k ? a.in_ptr[1] : a.in_ptr[0];
+        const long long off = is_k ? in_base1 + (hu - heads0) * a.in_sh[1] : in_base0 + hu * a.in_sh[0];
+        x[u][0] = load_pack<T, VEC>(ptr, off + e0);
+        if (rot) x[u][1] = load_pack<T, VEC>(ptr, off + e1);
+      }
+#pragma unroll
+      for (int u = 0; u < kRows; ++u) {
+        const int hu = h + u * rpw;
+        if (hu >= h1) continue;
+        const bool is_k = hu >= heads0;
+        const int hh = is_k ? hu - heads0 : hu;
+        const long long ptr = is_k ? a.out_ptr[1] : a.out_ptr[0];
+        const long long off = is_k ? out_base1 + hh * a.out_sh[1] : out_base0 + hh * a.out_sh[0];
+        if (rot) {
+          if (PER_HEAD) {
+#pragma unroll
+            for (int v = 0; v < VEC; ++v) cs[v] = pair_cos_sin(a, b, s, c * VEC + v, hh);
+          }
+          rotate_chunk<T, INTERLEAVED, VEC>(x[u][0], x[u][1], cs);
+          store_pack<T, VEC>(ptr, off + e1, x[u][1]);
+        }
+        store_pack<T, VEC>(ptr, off + e0, x[u][0]);
+      }
     }
   }
 }
