@@ -32,7 +32,9 @@ def sm_count(device: int) -> int:
     return n
 
 
-WARPS_PER_BLOCK = int(tuning_defines().get("CUPROPE_WARPS", 4))
+# Warps per block by element size (measured, benchmarks/NOTES.md).
+WARPS_PER_BLOCK = {2: int(tuning_defines().get("CUPROPE_WARPS16", 4)),
+                   4: int(tuning_defines().get("CUPROPE_WARPS32", 8))}
 
 
 def _function(device, dtype, interleaved, vec, per_head):
@@ -77,7 +79,7 @@ def pick_vec(dtype, plans, npairs, tail, n_batch, n_seq) -> int:
     return 1
 
 
-def grid_for(device, npairs, chunks, htot, tokens, per_head):
+def grid_for(device, itemsize, npairs, chunks, htot, tokens, per_head):
     """(grid, block, head groups per token, heads per group, shared bytes).
 
     One warp per (token, head group). A warp covers 32 // min(chunks, 32) heads
@@ -85,11 +87,11 @@ def grid_for(device, npairs, chunks, htot, tokens, per_head):
     so the GPU still fills (decode)."""
     rpw = 32 // min(chunks, 32)
     steps = -(-htot // rpw)                     # warp steps to cover all heads
-    want = 16 * sm_count(device) * WARPS_PER_BLOCK
+    wpb = WARPS_PER_BLOCK[itemsize]
+    want = 16 * sm_count(device) * wpb
     groups = max(1, min(steps, -(-want // tokens)))
     per_group = -(-steps // groups) * rpw
     groups = -(-htot // per_group)
-    wpb = WARPS_PER_BLOCK
     smem_per_warp = 0 if per_head else npairs * 8
     while wpb > 1 and wpb * smem_per_warp > SMEM_LIMIT:
         wpb //= 2
@@ -151,7 +153,7 @@ def make_plan(*, device, dtype, interleaved, plans, n_batch, n_seq, head_dim, ro
     chunks = (npairs + tail) // vec
     heads = [p.heads for p in plans] + [0] * (2 - len(plans))
     per_head = freq_sh != 0
-    grid, block, groups, per_group, smem = grid_for(device, npairs, chunks, heads[0] + heads[1],
+    grid, block, groups, per_group, smem = grid_for(device, ITEMSIZE[dtype], npairs, chunks, heads[0] + heads[1],
                                                     n_batch * n_seq, per_head)
     p0 = plans[0]
     p1 = plans[1] if len(plans) > 1 else p0

@@ -232,7 +232,7 @@ def _rope(xs, names, config, inverse, positions, offset, seq_offsets, outs, inpl
     if device < 0:
         return _numpy_backend(infos, out_infos, config, inverse, pos_info, seq_info, offset)
     cache_key = None
-    if infos[0].kind == "torch" and stream is None and outs is None:
+    if infos[0].kind == "torch" and stream is None:
         try:
             cache_key = _torch_key(xs, config, inverse, positions, seq_offsets, outs, inplace)
         except _NoFastPath:
@@ -327,6 +327,7 @@ def _gpu_backend(infos, out_infos, config, inverse, pos_info, seq_info, offset, 
     device = infos[0].device
     stream_ptr = _stream_ptr(stream, infos[0])
     copy_rest = out_infos is None or not all(_same_view(o, i) for o, i in zip(out_infos, infos))
+    outs_given = out_infos is not None and not all(o is i for o, i in zip(out_infos, infos))
     if out_infos is None:
         out_infos = [describe(empty_like(i), "out") for i in infos]
     tplans = [TensorPlan(i.ptr, o.ptr, _canon_strides(i.strides, layout),
@@ -342,13 +343,23 @@ def _gpu_backend(infos, out_infos, config, inverse, pos_info, seq_info, offset, 
             pst_stream, rest, rest_shape = st[0], st[1:], shp[1:]
         psb, pss = (0, rest[0]) if len(rest_shape) == 1 else rest
         pos = (int(pos_info.dtype == "int64"), pst_stream, psb, pss)
-    plan = make_plan(
-        device=device, dtype=infos[0].dtype, interleaved=config.interleaved, plans=tplans,
-        n_batch=b, n_seq=s, head_dim=d, rot_dim=config.rotary_dim, copy_rest=copy_rest,
-        pos=pos, seq_off=None if seq_info is None else seq_info.dtype == "int64",
-        inv_freq_ptr=inv_freq.data.ptr, freq_sh=config.rotary_dim // 2 if config.per_head else 0,
-        stream_map_ptr=0 if smap is None else smap.data.ptr, scale=config.scale,
-        sin_sign=-1.0 if inverse else 1.0)
+    seq64 = None if seq_info is None else seq_info.dtype == "int64"
+    # Plans are reused for calls with the same signature (any framework).
+    gkey = ("G", threading.get_ident(), inverse, copy_rest, device, pos, seq64,
+            tuple((i.dtype, tuple(i.shape), i.strides, i.ptr % 16) for i in infos),
+            tuple((o.strides, o.ptr % 16) for o in out_infos))
+    entry = config._plans.get(gkey)
+    if entry is None:
+        plan = make_plan(
+            device=device, dtype=infos[0].dtype, interleaved=config.interleaved, plans=tplans,
+            n_batch=b, n_seq=s, head_dim=d, rot_dim=config.rotary_dim, copy_rest=copy_rest,
+            pos=pos, seq_off=seq64, inv_freq_ptr=inv_freq.data.ptr,
+            freq_sh=config.rotary_dim // 2 if config.per_head else 0,
+            stream_map_ptr=0 if smap is None else smap.data.ptr, scale=config.scale,
+            sin_sign=-1.0 if inverse else 1.0)
+        config._plans[gkey] = (plan, None)
+    else:
+        plan = entry[0]
     ptrs = (infos[0].ptr, infos[-1].ptr, out_infos[0].ptr, out_infos[-1].ptr,
             0 if pos_info is None else pos_info.ptr, 0 if seq_info is None else seq_info.ptr)
     if cupy.cuda.runtime.getDevice() != device:
@@ -357,7 +368,10 @@ def _gpu_backend(infos, out_infos, config, inverse, pos_info, seq_info, offset, 
     else:
         plan.run(stream_ptr, *ptrs, offset)
     if cache_key is not None:
-        config._plans[cache_key] = plan
+        spans = None
+        if outs_given:
+            spans = ([_span(i) for i in infos], [_span(o) for o in out_infos])
+        config._plans[cache_key] = (plan, spans)
     if infos[0].kind == "jax":
         # JAX reads the result on its own stream; make it complete first.
         cupy.cuda.runtime.streamSynchronize(stream_ptr)
@@ -372,6 +386,11 @@ def _gpu_backend(infos, out_infos, config, inverse, pos_info, seq_info, offset, 
 # unusual (out= that may overlap, misalignment, another current device, a
 # stream= argument) takes the general path above.
 
+
+def _span(info):
+    """Byte range [lo, hi) the tensor can touch, relative to its data pointer."""
+    lo, hi = info.extent()
+    return (lo - info.ptr, hi - info.ptr)
 
 
 def _index_key(t):
@@ -396,7 +415,10 @@ def _torch_key(xs, config, inverse, positions, seq_offsets, outs, inplace):
     if inplace and len(xs) == 2:
         parts.append(xs[1].data_ptr() - xs[0].data_ptr())
     if outs is not None:
-        raise _NoFastPath
+        for o in outs:
+            if type(o).__module__ != "torch" or not o.is_cuda:
+                raise _NoFastPath
+            parts.append((o.dtype, o.shape, o.stride(), o.device, o.data_ptr() % 16))
     parts.append(_index_key(positions))
     parts.append(_index_key(seq_offsets))
     return tuple(parts)
@@ -404,7 +426,7 @@ def _torch_key(xs, config, inverse, positions, seq_offsets, outs, inplace):
 
 def _torch_fast(xs, config, inverse, positions, offset, seq_offsets, outs, inplace, stream):
     """Result tuple, or None when the general path must run."""
-    if not config._plans or stream is not None or outs is not None:
+    if not config._plans or stream is not None or (inplace and outs is not None):
         return None
     if type(offset) is not int or not -(2 ** 62) < offset < 2 ** 62:
         return None
@@ -412,14 +434,25 @@ def _torch_fast(xs, config, inverse, positions, offset, seq_offsets, outs, inpla
         key = _torch_key(xs, config, inverse, positions, seq_offsets, outs, inplace)
     except _NoFastPath:
         return None
-    plan = config._plans.get(key)
-    if plan is None:
+    entry = config._plans.get(key)
+    if entry is None:
         return None
+    plan, spans = entry
     x0 = xs[0]
     dev = x0.device.index
     if _current_device() != dev:
         return None
-    res = xs if inplace else tuple(_torch_empty_like(x) for x in xs)
+    if outs is not None:
+        # any output touching any input's byte range: let the general path decide
+        for o, (olo, ohi) in zip(outs, spans[1]):
+            po = o.data_ptr()
+            for x, (xlo, xhi) in zip(xs, spans[0]):
+                px = x.data_ptr()
+                if po + olo < px + xhi and px + xlo < po + ohi:
+                    return None
+        res = tuple(outs)
+    else:
+        res = xs if inplace else tuple(_torch_empty_like(x) for x in xs)
     out0, out1 = res[0].data_ptr(), res[-1].data_ptr()
     if (out0 | out1) % plan.align:
         return None

@@ -132,11 +132,15 @@ __device__ __forceinline__ float2 pair_cos_sin(const RopeArgs& a, unsigned b, un
 
 constexpr int kThreads = 256;  // most threads per block (whole warps)
 
-// Rows (heads) each lane keeps in flight per step.
-#ifndef CUPROPE_ROWS
-#define CUPROPE_ROWS 2
+// Rows (heads) each lane keeps in flight per step. Measured on an H200
+// (benchmarks/NOTES.md): one row for 16-bit types (fewer registers, more warps
+// resident), two for float32.
+#ifndef CUPROPE_ROWS16
+#define CUPROPE_ROWS16 1
 #endif
-constexpr int kRows = CUPROPE_ROWS;
+#ifndef CUPROPE_ROWS32
+#define CUPROPE_ROWS32 2
+#endif
 
 // Rotate pair (x1, x2) of a chunk held in two packs: pair v is (p0[v], p1[v])
 // for the half split and (e[2v], e[2v+1]) of the concatenation p0|p1 when
@@ -195,6 +199,7 @@ __global__ void __launch_bounds__(kThreads) rope_kernel(const RopeArgs a) {
   const int h1 = min(htot, h0 + static_cast<int>(a.heads_per_group));
   const unsigned b = tok / n_seq;
   const unsigned s = tok - b * n_seq;
+  constexpr int kRows = sizeof(T) == 4 ? CUPROPE_ROWS32 : CUPROPE_ROWS16;
   float2* my_cs = warp_cs + (threadIdx.x >> 5) * npairs;
   if (!PER_HEAD) {
     for (int p = lane; p < npairs; p += 32) my_cs[p] = pair_cos_sin(a, b, s, p, 0);

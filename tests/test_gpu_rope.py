@@ -366,6 +366,15 @@ def test_repeated_calls_take_the_cached_fast_path_correctly(dtype, rng):
         for got, x in ((oq, q), (ok, k)):
             ref = expected(host(x), cfg, positions=pos.cpu().numpy(), offset=call)
             assert_matches(host(got), ref, xmax, dtype)
+        # out= through the fast path: fresh data, poisoned outputs every call
+        oq2, ok2 = poisoned_like(q), poisoned_like(k)
+        res = cuprope.rope_qk_forward(q, k, cfg, positions=pos, offset=call, out=(oq2, ok2))
+        assert res[0] is oq2 and res[1] is ok2
+        assert_matches(host(oq2), expected(host(q), cfg, positions=pos.cpu().numpy(), offset=call),
+                       xmax, dtype)
+        # an out= that overlaps an input is still refused after plans are cached
+        with pytest.raises(ValueError, match="overlaps"):
+            cuprope.rope_qk_forward(q, k, cfg, positions=pos, offset=call, out=(oq2, q[:, :, :2]))
         # in-place through the fast path too
         q2 = q.clone()
         res = cuprope.rope_qk_forward(q2, k.clone(), cfg, positions=pos, offset=call, inplace=True)
