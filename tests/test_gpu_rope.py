@@ -382,3 +382,32 @@ def test_repeated_calls_take_the_cached_fast_path_correctly(dtype, rng):
         assert_matches(host(q2), expected(host(q), cfg, positions=pos.cpu().numpy(), offset=call),
                        xmax, dtype)
     assert cfg._plans, "no plan was cached"
+
+
+def test_cuda_array_interface_and_dlpack_producers_come_back_as_cupy(rng):
+    """Objects that only expose __cuda_array_interface__ or __dlpack__ are read
+    through CuPy; the result is a CuPy array (their own type cannot be built)."""
+    import cupy
+
+    class CAIOnly:
+        def __init__(self, a):
+            self._a = a
+            self.__cuda_array_interface__ = a.__cuda_array_interface__
+
+    class DLPackOnly:
+        def __init__(self, a):
+            self._a = a
+
+        def __dlpack__(self, **kw):
+            return self._a.__dlpack__(**kw)
+
+        def __dlpack_device__(self):
+            return self._a.__dlpack_device__()
+
+    cfg = cuprope.RopeConfig(32)
+    xh = rng.standard_normal((2, 6, 3, 32)).astype(np.float32)
+    ref = expected(xh.astype(np.float64), cfg)
+    for wrap in (CAIOnly, DLPackOnly):
+        y = cuprope.rope_forward(wrap(cupy.asarray(xh)), cfg)
+        assert isinstance(y, cupy.ndarray)
+        assert_matches(cupy.asnumpy(y), ref, np.abs(xh).max(), "float32")
