@@ -13,10 +13,15 @@ def main(argv=None) -> int:
                              "with the float64 reference")
     p_check.add_argument("--cpu", action="store_true", help="force the NumPy backend")
     p_check.add_argument("--head-dim", type=int, default=128)
+    sub.add_parser("bench", help="short roofline benchmark on this machine's GPU (needs torch): "
+                   "cuprope vs a device copy and torch, with a progress bar")
     args = parser.parse_args(argv)
     if args.cmd == "check":
         from .check import run
         return 0 if run(use_gpu=False if args.cpu else None, head_dim=args.head_dim) else 1
+    if args.cmd == "bench":
+        from .bench import main_short
+        return main_short()
     return 2
 
 

@@ -1,0 +1,272 @@
+"""Roofline benchmark: cuprope against a device-to-device copy of the same bytes
+and against the peers that are installed (torch eager and torch.compile of the
+HF formula; Liger, flash-attention and FlashInfer when importable).
+
+Bandwidth counts the fewest bytes an operation must move: each input read once
+and each output written once (cos/sin tables not counted; in-place partial
+rotary counts only the rotated dims). Times are CUDA-event medians after
+warm-up; a GPU sleep is queued before each start event so the host's launch
+overhead stays outside the measured interval; inputs rotate among several
+buffer sets so large cases do not run out of L2.
+
+``python -m cuprope bench`` runs the short suite; benchmarks/bench_suite.py the
+full one (CSV + plot).
+"""
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+
+SHAPES = {
+    # name: (B, S, Hq, Hk, D, R)
+    "llama3-8b": (4, 4096, 32, 8, 128, 128),
+    "seq32k": (1, 32768, 32, 8, 128, 128),
+    "mha-d64": (8, 2048, 16, 16, 64, 64),
+    "d256": (2, 4096, 16, 4, 256, 256),
+    "partial-r64": (4, 4096, 32, 8, 128, 64),
+}
+DECODE = (1, 1, 32, 8, 128, 128)
+OPS = ("qk_fwd", "qk_bwd", "qk_inplace", "fwd", "qkv_slices")
+
+
+@dataclass
+class Row:
+    case: str
+    op: str
+    dtype: str
+    impl: str
+    shape: tuple
+    nbytes: int
+    seconds: float
+    copy_seconds: float
+
+    @property
+    def tbps(self):
+        return self.nbytes / self.seconds / 1e12
+
+    @property
+    def ratio(self):
+        return self.copy_seconds / self.seconds
+
+
+def _torch():
+    import torch
+    return torch
+
+
+def time_gpu(fn, reps=30, warm=5, sleep_cycles=2_000_000):
+    """Median seconds of ``fn`` measured with CUDA events."""
+    torch = _torch()
+    for _ in range(warm):
+        fn()
+    out = []
+    for _ in range(reps):
+        a = torch.cuda.Event(enable_timing=True)
+        b = torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(sleep_cycles)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        out.append(a.elapsed_time(b) * 1e-3)
+    return statistics.median(out)
+
+
+def hf_rope(q, k, cos, sin):
+    """The HF transformers formula (rotate_half), cos/sin [S, D] broadcast over B and H."""
+    def rot(x):
+        x1, x2 = x.chunk(2, dim=-1)
+        return _torch().cat((-x2, x1), dim=-1)
+    c, s = cos[None, :, None, :], sin[None, :, None, :]
+    return q * c + rot(q) * s, k * c + rot(k) * s
+
+
+def _cos_sin(s, d, base, dtype, device):
+    torch = _torch()
+    inv = 1.0 / (base ** (torch.arange(0, d, 2, dtype=torch.float64, device=device) / d))
+    ang = torch.arange(s, dtype=torch.float64, device=device)[:, None] * inv[None, :]
+    emb = torch.cat((ang, ang), dim=-1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def run_case(name, shape, op, dtype_name, peers=True, sets=2, reps=30):
+    """Rows for one (shape, op, dtype): copy, cuprope and the peers."""
+    import cuprope
+    torch = _torch()
+    dt = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype_name]
+    b, s, hq, hk, d, r = shape
+    cfg = cuprope.RopeConfig(r)
+    esz = torch.empty((), dtype=dt).element_size()
+    if op == "qkv_slices":
+        bufs = []
+        for _ in range(sets):
+            qkv = torch.randn(b, s, (hq + 2 * hk) * d, device="cuda", dtype=dt)
+            q = qkv[..., : hq * d].unflatten(-1, (hq, d))
+            k = qkv[..., hq * d: (hq + hk) * d].unflatten(-1, (hk, d))
+            bufs.append((q, k))
+    else:
+        bufs = [(torch.randn(b, s, hq, d, device="cuda", dtype=dt),
+                 torch.randn(b, s, hk, d, device="cuda", dtype=dt)) for _ in range(sets)]
+    outs = [(torch.empty(b, s, hq, d, device="cuda", dtype=dt),
+             torch.empty(b, s, hk, d, device="cuda", dtype=dt)) for _ in range(sets)]
+    n_q, n_k = b * s * hq * d, b * s * hk * d
+    if op == "fwd":
+        nbytes = 2 * n_q * esz
+    elif op == "qk_inplace":
+        nbytes = 2 * (n_q + n_k) * esz * r // d
+    else:
+        nbytes = 2 * (n_q + n_k) * esz
+    src = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    t_copy = time_gpu(lambda: dst.copy_(src), reps=reps)
+    i = [0]
+
+    def pick():
+        j = i[0] % sets
+        i[0] += 1
+        return j
+
+    def ours():
+        j = pick()
+        q, k = bufs[j]
+        if op == "fwd":
+            cuprope.rope_forward(q, cfg, out=outs[j][0])
+        elif op == "qk_bwd":
+            cuprope.rope_qk_backward(q, k, cfg, out=outs[j])
+        elif op == "qk_inplace":
+            cuprope.rope_qk_forward(q, k, cfg, inplace=True)
+        else:
+            cuprope.rope_qk_forward(q, k, cfg, out=outs[j])
+
+    rows = [Row(name, op, dtype_name, "copy", shape, nbytes, t_copy, t_copy),
+            Row(name, op, dtype_name, "cuprope", shape, nbytes, time_gpu(ours, reps=reps), t_copy)]
+    if peers and op in ("qk_fwd", "qkv_slices") and r == d:
+        cos, sin = _cos_sin(s, d, 10000.0, dt, "cuda")
+
+        def eager():
+            q, k = bufs[pick()]
+            hf_rope(q, k, cos, sin)
+        rows.append(Row(name, op, dtype_name, "torch-eager", shape, nbytes, time_gpu(eager, reps=reps),
+                        t_copy))
+        try:
+            compiled = torch.compile(hf_rope, dynamic=False)
+
+            def comp():
+                q, k = bufs[pick()]
+                compiled(q, k, cos, sin)
+            rows.append(Row(name, op, dtype_name, "torch-compile", shape, nbytes,
+                            time_gpu(comp, reps=reps), t_copy))
+        except Exception as e:  # no compiler toolchain, etc.
+            print(f"  torch.compile skipped: {type(e).__name__}: {e}", file=sys.stderr)
+        rows += _other_peers(name, op, dtype_name, shape, nbytes, t_copy, bufs, cos, sin, pick, reps)
+    return rows
+
+
+def _other_peers(name, op, dtype_name, shape, nbytes, t_copy, bufs, cos, sin, pick, reps):
+    rows = []
+    try:
+        from liger_kernel.ops.rope import LigerRopeFunction  # noqa: F401
+    except Exception:
+        _note("liger-kernel not installed: skipped")
+    try:
+        from flash_attn.layers.rotary import apply_rotary_emb  # noqa: F401
+    except Exception:
+        _note("flash-attn not installed: skipped")
+    try:
+        import flashinfer  # noqa: F401
+    except Exception:
+        _note("flashinfer not installed: skipped")
+    return rows
+
+
+_NOTES: set = set()
+
+
+def _note(msg):
+    if msg not in _NOTES:
+        _NOTES.add(msg)
+        print(f"  note: {msg}", file=sys.stderr)
+
+
+def decode_host_and_kernel(dtype_name="bf16", batch=1, calls=2000):
+    """Host µs per call (wall loop) and kernel µs per call (CUDA graph replay)."""
+    import cuprope
+    torch = _torch()
+    dt = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype_name]
+    _, _, hq, hk, d, r = DECODE
+    cfg = cuprope.RopeConfig(r)
+    q = torch.randn(batch, 1, hq, d, device="cuda", dtype=dt)
+    k = torch.randn(batch, 1, hk, d, device="cuda", dtype=dt)
+    pos = torch.full((batch, 1), 1234, device="cuda", dtype=torch.int32)
+    for _ in range(20):
+        cuprope.rope_qk_forward(q, k, cfg, positions=pos, inplace=True)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        cuprope.rope_qk_forward(q, k, cfg, positions=pos, inplace=True)
+    torch.cuda.synchronize()
+    host_us = (time.perf_counter() - t0) / calls * 1e6
+    g = torch.cuda.CUDAGraph()
+    n = 100
+    with torch.cuda.graph(g):
+        for _ in range(n):
+            cuprope.rope_qk_forward(q, k, cfg, positions=pos, inplace=True)
+    g.replay()
+    torch.cuda.synchronize()
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    for _ in range(10):
+        g.replay()
+    b.record()
+    b.synchronize()
+    kernel_us = a.elapsed_time(b) * 1e3 / (10 * n)
+    return host_us, kernel_us
+
+
+def short_suite(progress=True):
+    """A few minutes at most: the main shapes, bf16, forward q+k, against copy and torch."""
+    cases = [("llama3-8b", "qk_fwd", "bf16"), ("llama3-8b", "qk_inplace", "bf16"),
+             ("llama3-8b", "qk_fwd", "fp32"), ("mha-d64", "qk_fwd", "bf16"),
+             ("llama3-8b", "qkv_slices", "bf16")]
+    rows = []
+    for n, (shape, op, dt) in enumerate(cases):
+        if progress:
+            _progress(n, len(cases), f"{shape} {op} {dt}")
+        rows += run_case(shape, SHAPES[shape], op, dt, peers=True, reps=15)
+    if progress:
+        _progress(len(cases), len(cases), "done")
+        print(file=sys.stderr)
+    return rows
+
+
+def _progress(i, n, label):
+    width = 30
+    fill = int(width * i / n)
+    print(f"\r[{'#' * fill}{'.' * (width - fill)}] {i}/{n} {label:<40}", end="", file=sys.stderr,
+          flush=True)
+
+
+def format_table(rows):
+    lines = [f"{'case':<12} {'op':<11} {'dtype':<5} {'impl':<14} {'us':>9} {'TB/s':>6} {'/copy':>6}"]
+    for r in rows:
+        lines.append(f"{r.case:<12} {r.op:<11} {r.dtype:<5} {r.impl:<14} {r.seconds * 1e6:9.1f} "
+                     f"{r.tbps:6.2f} {r.ratio:6.3f}")
+    return "\n".join(lines)
+
+
+def main_short():
+    import cuprope
+    if not cuprope.gpu_available():
+        print("cuprope bench: no CUDA GPU visible; nothing to time (the NumPy backend is a reference, "
+              "not a benchmark target)")
+        return 0
+    torch = _torch()
+    print(f"cuprope bench on {torch.cuda.get_device_name()} (fused q+k, ratios to a device copy)")
+    rows = short_suite()
+    print(format_table(rows))
+    host, kern = decode_host_and_kernel()
+    print(f"decode (B 1, 32/8 heads, D 128, bf16, in-place): host {host:.1f} us/call, "
+          f"kernel {kern:.2f} us/call (graph replay)")
+    return 0
