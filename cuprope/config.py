@@ -1,11 +1,22 @@
 """RopeConfig: a model's RoPE settings, stated once and reused for every call."""
 from __future__ import annotations
 
+import itertools
+import weakref
+
 import numpy as np
 
 from .reference import default_inv_freq
 
 LAYOUTS = ("bshd", "bhsd", "thd")
+
+_KEYS = itertools.count(1)
+_REGISTRY: "weakref.WeakValueDictionary[int, RopeConfig]" = weakref.WeakValueDictionary()
+
+
+def config_by_key(key: int) -> "RopeConfig":
+    """The live RopeConfig with this ``key`` (KeyError if it was collected)."""
+    return _REGISTRY[key]
 
 
 class RopeConfig:
@@ -36,7 +47,7 @@ class RopeConfig:
     """
 
     __slots__ = ("rotary_dim", "interleaved", "layout", "scale", "inv_freq",
-                 "stream_map", "n_streams", "_device_tables", "_plans")
+                 "stream_map", "n_streams", "_device_tables", "_plans", "key", "__weakref__")
 
     def __init__(self, rotary_dim: int, *, base: float = 10000.0, inv_freq=None,
                  interleaved: bool = False, layout: str = "bshd", scale: float = 1.0,
@@ -87,6 +98,8 @@ class RopeConfig:
         self.n_streams = n_streams
         self._device_tables = {}
         self._plans = {}  # launch plans of the torch fast path (cuprope/api.py)
+        self.key = next(_KEYS)  # stable integer handle (custom ops pass configs by key)
+        _REGISTRY[self.key] = self
 
     @property
     def per_head(self) -> bool:
