@@ -7,6 +7,7 @@ Quick use::
     q_rot, k_rot = cuprope.rope_qk_forward(q, k, cfg)   # q [B, S, Hq, D], k [B, S, Hk, D]
     dq, dk = cuprope.rope_qk_backward(gq, gk, cfg)
 """
+from . import ggml, scaling
 from .api import rope_backward, rope_forward, rope_qk_backward, rope_qk_forward
 from .config import LAYOUTS, RopeConfig
 from .reference import default_inv_freq
@@ -22,6 +23,8 @@ __all__ = [
     "rope_qk_forward",
     "rope_qk_backward",
     "gpu_available",
+    "ggml",
+    "scaling",
 ]
 
 
