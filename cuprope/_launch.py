@@ -9,14 +9,16 @@ import struct
 
 import numpy as np
 
-from ._loader import ITEMSIZE, MODULES, kernel_name, tuning_defines, vec_widths
+from ._loader import (ITEMSIZE, MODULES, family_of, kernel_name, lrpe_vec_widths,
+                      seq_stats_kernel_name, tuning_defines, vec_widths)
 
 THREADS = 256      # kernels/rope.cuh kThreads
 SMEM_LIMIT = 32 * 1024
 MAX_UNITS = 2 ** 32 - 1  # the kernel indexes (token, head group) in 32 bits
 
-# Mirrors struct RopeArgs in kernels/rope.cuh: 34 int64, 2 float64, 2 int64.
-_ARGS = struct.Struct("<34q2d2q")
+# Mirrors struct RopeArgs in kernels/rope.cuh: 34 int64, 2 float64, 2 int64,
+# then the LRPE fields (aux_ptr, aux strides x3, stats_ptr, stats_plane).
+_ARGS = struct.Struct("<34q2d8q")
 _ARGS_DTYPE = np.dtype([("raw", np.uint8, (_ARGS.size,))])
 
 _SM_COUNT: dict[int, int] = {}
@@ -37,12 +39,12 @@ WARPS_PER_BLOCK = {2: int(tuning_defines().get("CUPROPE_WARPS16", 4)),
                    4: int(tuning_defines().get("CUPROPE_WARPS32", 8))}
 
 
-def _function(device, dtype, interleaved, vec, per_head):
-    key = (device, dtype, interleaved, vec, per_head)
+def _function(device, dtype, interleaved, vec, per_head, act=0, backward=False):
+    key = (device, dtype, interleaved, vec, per_head, act, backward)
     fn = _FUNCS.get(key)
     if fn is None:
-        family = "per_head" if per_head else "shared"
-        fn = MODULES.functions(device, family)[kernel_name(dtype, interleaved, vec, per_head)]
+        name = kernel_name(dtype, interleaved, vec, per_head, act, backward)
+        fn = MODULES.functions(device, family_of(act, per_head))[name]
         _FUNCS[key] = fn
     return fn
 
@@ -58,12 +60,13 @@ class TensorPlan:
         self.heads = heads
 
 
-def pick_vec(dtype, plans, npairs, tail, n_batch, n_seq) -> int:
+def pick_vec(dtype, plans, npairs, tail, n_batch, n_seq, widths=None) -> int:
     """Widest pairs-per-thread whose loads stay aligned for every tensor.
 
     ``tail``: pass-through elements copied per head (0 in-place). Every pointer
     (in elements), every stride of a dim longer than one, R/2 and the tail must
-    be multiples of the width."""
+    be multiples of the width. ``widths``: the widths instantiated (widest
+    first, ending with 1); default ``vec_widths(dtype)``."""
     itemsize = ITEMSIZE[dtype]
     acc = npairs | tail
     for p in plans:
@@ -73,7 +76,7 @@ def pick_vec(dtype, plans, npairs, tail, n_batch, n_seq) -> int:
         for n, a, b in zip((n_batch, n_seq, p.heads), p.in_strides, p.out_strides):
             if n > 1:
                 acc |= a | b
-    for vec in vec_widths(dtype):
+    for vec in (vec_widths(dtype) if widths is None else widths):
         if acc % vec == 0:
             return vec
     return 1
@@ -104,6 +107,7 @@ def grid_for(device, itemsize, npairs, chunks, htot, tokens, per_head):
 # Offsets of the per-call fields in the int64 view of RopeArgs.
 _IN0, _IN1, _OUT0, _OUT1, _POS, _SEQ, _OFFSET = 0, 1, 2, 3, 23, 28, 30
 _SCALE, _SIN_SIGN = 34, 35
+_AUX, _STATS = 38, 42
 
 
 class LaunchPlan:
@@ -115,7 +119,7 @@ class LaunchPlan:
     driver copies kernel arguments at launch)."""
 
     __slots__ = ("device", "func", "grid", "block", "smem", "vec", "align", "buf", "_params",
-                 "_keepalive")
+                 "_keepalive", "pre")
 
     def __init__(self, device, func, grid, block, smem, vec, align, fields):
         self.device, self.func, self.grid, self.block = device, func, grid, block
@@ -124,6 +128,7 @@ class LaunchPlan:
         self.buf = np.frombuffer(raw, dtype=np.int64)
         self._params = None
         self._keepalive = raw
+        self.pre = None  # LRPE sequence softmax: the statistics pass launched first
 
     def run(self, stream_ptr, in0, in1, out0, out1, pos_ptr, seq_ptr, offset):
         b = self.buf
@@ -140,16 +145,43 @@ class LaunchPlan:
                       shared_mem=self.smem, stream=_Stream(stream_ptr))
             self._params = _DRIVER.params_for(self)
 
+    def run_lrpe(self, stream_ptr, in0, out0, aux, stats, offset):
+        """LRPE launch (one tensor): the statistics pass first when planned."""
+        if self.pre is not None:
+            self.pre.run_lrpe(stream_ptr, in0, out0, aux, stats, offset)
+        b = self.buf
+        b[_IN0] = b[_IN1] = in0
+        b[_OUT0] = b[_OUT1] = out0
+        b[_AUX] = aux
+        b[_STATS] = stats
+        b[_OFFSET] = offset
+        if self._params is None or not _DRIVER.launch(self, stream_ptr):
+            self._params = None
+            self.func(self.grid, self.block, (self.buf.view(_ARGS_DTYPE),),
+                      shared_mem=self.smem, stream=_Stream(stream_ptr))
+            self._params = _DRIVER.params_for(self)
+
 
 def make_plan(*, device, dtype, interleaved, plans, n_batch, n_seq, head_dim, rot_dim,
-              copy_rest, pos, seq_off, inv_freq_ptr, freq_sh, stream_map_ptr, scale, sin_sign):
+              copy_rest, pos, seq_off, inv_freq_ptr, freq_sh, stream_map_ptr, scale, sin_sign,
+              act=0, backward_act=False, aux=None):
     """Plan one rope launch over one or two tensors (q and k).
 
     plans: TensorPlan per tensor (pointers only decide the vector width);
-    pos: None or (is64, stride_stream, stride_b, stride_s); seq_off: None or is64."""
+    pos: None or (is64, stride_stream, stride_b, stride_s); seq_off: None or is64.
+
+    LRPE (cuprope/lrpe.py; one tensor, half split, R = D): ``act`` is the
+    kernels' activation code, ``backward_act`` selects the fused backward
+    through it, reading x from ``aux`` (a TensorPlan whose in_ptr/in_strides
+    describe x). Act 5 (softmax over the sequence) gets a statistics pass,
+    ``plan.pre``; launch with ``run_lrpe``."""
     npairs = rot_dim // 2
     tail = head_dim - rot_dim if copy_rest else 0
-    vec = pick_vec(dtype, plans, npairs, tail, n_batch, n_seq)
+    lrpe = act != 0 or backward_act
+    if lrpe and (interleaved or len(plans) != 1 or tail or rot_dim != head_dim):
+        raise ValueError("LRPE kernels take one half-split tensor with R = D")
+    vec = pick_vec(dtype, plans + ([aux] if aux is not None else []), npairs, tail, n_batch,
+                   n_seq, lrpe_vec_widths(dtype) if lrpe else None)
     chunks = (npairs + tail) // vec
     heads = [p.heads for p in plans] + [0] * (2 - len(plans))
     per_head = freq_sh != 0
@@ -158,6 +190,7 @@ def make_plan(*, device, dtype, interleaved, plans, n_batch, n_seq, head_dim, ro
     p0 = plans[0]
     p1 = plans[1] if len(plans) > 1 else p0
     pos_is64, pss, psb, pst = pos if pos is not None else (0, 0, 0, 0)
+    aux_strides = aux.in_strides if aux is not None else (0, 0, 0)
     fields = (
         0, 0, 0, 0,
         p0.in_strides[0], p1.in_strides[0], p0.in_strides[1], p1.in_strides[1],
@@ -169,9 +202,22 @@ def make_plan(*, device, dtype, interleaved, plans, n_batch, n_seq, head_dim, ro
         0, pos_is64, pss, psb, pst, 0, int(bool(seq_off)), 0,
         inv_freq_ptr, freq_sh, stream_map_ptr,
         scale, sin_sign,
-        groups, per_group)
-    func = _function(device, dtype, interleaved, vec, per_head)
-    return LaunchPlan(device, func, grid, block, smem, vec, vec * ITEMSIZE[dtype], fields)
+        groups, per_group,
+        0, aux_strides[0], aux_strides[1], aux_strides[2],
+        0, n_batch * heads[0] * head_dim)
+    func = _function(device, dtype, interleaved, vec, per_head, act, backward_act)
+    plan = LaunchPlan(device, func, grid, block, smem, vec, vec * ITEMSIZE[dtype], fields)
+    if act == SOFTMAX_SEQ:
+        cols = n_batch * heads[0] * npairs
+        stats_fn = MODULES.functions(device, family_of(act, per_head))[
+            seq_stats_kernel_name(dtype, backward_act)]
+        plan.pre = LaunchPlan(device, stats_fn, (-(-cols // 32), 1, 1), (32, SEQ_SLICES, 1), 0,
+                              vec, vec * ITEMSIZE[dtype], fields)
+    return plan
+
+
+SOFTMAX_SEQ = 5  # kernels/rope.cuh kActSoftmaxSeq
+SEQ_SLICES = 8   # kernels/rope.cuh kSeqSlices
 
 
 class _Stream:

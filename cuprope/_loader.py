@@ -32,21 +32,66 @@ def _b(flag: bool) -> str:
     return "true" if flag else "false"
 
 
-def kernel_name(dtype: str, interleaved: bool, vec: int, per_head: bool = False) -> str:
-    return (f"cuprope::rope_kernel<{DTYPE_CTYPES[dtype]}, {_b(interleaved)}, {vec}, "
-            f"{_b(per_head)}>")
+def kernel_name(dtype: str, interleaved: bool, vec: int, per_head: bool = False,
+                act: int = 0, backward: bool = False) -> str:
+    """Name expression of one ``rope_kernel`` instantiation. ``act`` / ``backward``
+    select the LRPE dialect (kernels/rope.cuh ACT, BWD); the plain RoPE names
+    leave them at their defaults."""
+    name = (f"cuprope::rope_kernel<{DTYPE_CTYPES[dtype]}, {_b(interleaved)}, {vec}, "
+            f"{_b(per_head)}")
+    if act or backward:
+        name += f", {act}, {_b(backward)}"
+    return name + ">"
+
+
+def seq_stats_kernel_name(dtype: str, backward: bool) -> str:
+    """The LRPE sequence-softmax statistics pass (kernels/rope.cuh)."""
+    return f"cuprope::lrpe_seq_stats_kernel<{DTYPE_CTYPES[dtype]}, {_b(backward)}>"
+
+
+# LRPE activation codes (kernels/rope.cuh kAct*) and the lazily built family
+# holding each one's kernels.
+LRPE_ACTS = {"relu": 1, "sigmoid": 2, "silu": 3, "softmax": 4, "softmax_seq": 5}
+
+
+def lrpe_vec_widths(dtype: str) -> tuple[int, ...]:
+    """LRPE kernels exist for the widest width and for 1 pair (any alignment)."""
+    return (vec_widths(dtype)[0], 1)
 
 
 # Instantiations are grouped into modules compiled on first use, so a model
-# with shared frequencies never pays for the per-head variants.
-FAMILIES = ("shared", "per_head")
+# with shared frequencies never pays for the per-head variants, and plain RoPE
+# never compiles the LRPE dialect (one family per activation).
+FAMILIES = ("shared", "per_head") + tuple(f"lrpe_{a}" for a in LRPE_ACTS)
+
+
+def family_of(act: int, per_head: bool) -> str:
+    """The family holding the rope_kernel instantiation for ``act`` (0: plain)."""
+    if act == 0:
+        return "per_head" if per_head else "shared"
+    for name, code in LRPE_ACTS.items():
+        if code == act:
+            return f"lrpe_{name}"
+    raise ValueError(f"unknown LRPE activation code {act}")
+
+
+def _family_names(family: str) -> list[str]:
+    if family in ("shared", "per_head"):
+        return [kernel_name(dt, il, v, family == "per_head")
+                for dt in DTYPE_CTYPES for il in (False, True) for v in vec_widths(dt)]
+    act = LRPE_ACTS[family[len("lrpe_"):]]
+    names = [kernel_name(dt, False, v, ph, act, bwd)
+             for dt in DTYPE_CTYPES for v in lrpe_vec_widths(dt) for ph in (False, True)
+             for bwd in (False, True)]
+    if act == LRPE_ACTS["softmax_seq"]:
+        names += [seq_stats_kernel_name(dt, bwd) for dt in DTYPE_CTYPES for bwd in (False, True)]
+    return names
 
 
 def all_kernel_names(family: str | None = None) -> list[str]:
     """Every instantiation the Python side can launch (of one family, or all)."""
     fams = FAMILIES if family is None else (family,)
-    return [kernel_name(dt, il, v, fam == "per_head") for fam in fams
-            for dt in DTYPE_CTYPES for il in (False, True) for v in vec_widths(dt)]
+    return [n for fam in fams for n in _family_names(fam)]
 
 
 def kernel_dir():
