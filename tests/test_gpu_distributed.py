@@ -54,5 +54,5 @@ def test_context_parallel_ranks_reassemble_the_full_rotation(tmp_path):
     world = min(torch.cuda.device_count(), 4)
     port = 29500 + os.getpid() % 1000
     mp.spawn(_worker, args=(world, port, 256, str(tmp_path)), nprocs=world, join=True)
-    err = float(np.load(tmp_path / "err.npy")[0])
+    err = float(np.load(tmp_path / "err.npy").max())
     assert err < 0.05, err   # bf16 outputs vs a float64 rotation of the same bf16 inputs
