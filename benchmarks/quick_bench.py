@@ -4,29 +4,17 @@ Bandwidth counts the fewest bytes the operation must move: q and k read once
 and written once (in-place partial rotary: only the rotated part). Timed with
 CUDA events, after warm-up, median of many runs, inputs rotated among several
 buffer sets so the L2 does not hold them."""
-import statistics
 import sys
 
 import torch
 
 import cuprope
+from cuprope.bench import time_gpu
 
 
 def timed(fn, reps=50, warm=5):
-    """Median kernel time: a GPU sleep queued before the start event keeps the
-    GPU busy while the host issues ``fn``, so host overhead stays outside."""
-    for _ in range(warm):
-        fn()
-    ts = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda._sleep(1_000_000)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b) * 1e-3)
-    return statistics.median(ts)
+    """Median kernel seconds (cuprope.bench.time_gpu: host overhead kept out)."""
+    return time_gpu(fn, reps=reps, warm=warm, sleep_cycles=1_000_000)
 
 
 SHAPES = {"llama": ("llama3-8b prefill", 4, 4096, 32, 8, 128),

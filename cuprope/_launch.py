@@ -139,6 +139,10 @@ class LaunchPlan:
         b[_POS] = pos_ptr
         b[_SEQ] = seq_ptr
         b[_OFFSET] = offset
+        self._launch(stream_ptr)
+
+    def _launch(self, stream_ptr):
+        """Through the driver once the plan has launched once through CuPy."""
         if self._params is None or not _DRIVER.launch(self, stream_ptr):
             self._params = None
             self.func(self.grid, self.block, (self.buf.view(_ARGS_DTYPE),),
@@ -155,11 +159,7 @@ class LaunchPlan:
         b[_AUX] = aux
         b[_STATS] = stats
         b[_OFFSET] = offset
-        if self._params is None or not _DRIVER.launch(self, stream_ptr):
-            self._params = None
-            self.func(self.grid, self.block, (self.buf.view(_ARGS_DTYPE),),
-                      shared_mem=self.smem, stream=_Stream(stream_ptr))
-            self._params = _DRIVER.params_for(self)
+        self._launch(stream_ptr)
 
 
 def make_plan(*, device, dtype, interleaved, plans, n_batch, n_seq, head_dim, rot_dim,
