@@ -12,9 +12,7 @@ import numpy as np
 from ._loader import (ITEMSIZE, MODULES, family_of, kernel_name, lrpe_vec_widths,
                       seq_stats_kernel_name, tuning_defines, vec_widths)
 
-THREADS = 256      # kernels/rope.cuh kThreads
 SMEM_LIMIT = 32 * 1024
-MAX_UNITS = 2 ** 32 - 1  # the kernel indexes (token, head group) in 32 bits
 
 # Mirrors struct RopeArgs in kernels/rope.cuh: 34 int64, 2 float64, 2 int64,
 # then the LRPE fields (aux_ptr, aux strides x3, stats_ptr, stats_plane).
@@ -106,7 +104,6 @@ def grid_for(device, itemsize, npairs, chunks, htot, tokens, per_head):
 
 # Offsets of the per-call fields in the int64 view of RopeArgs.
 _IN0, _IN1, _OUT0, _OUT1, _POS, _SEQ, _OFFSET = 0, 1, 2, 3, 23, 28, 30
-_SCALE, _SIN_SIGN = 34, 35
 _AUX, _STATS = 38, 42
 
 
