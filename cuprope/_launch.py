@@ -104,6 +104,7 @@ def grid_for(device, itemsize, npairs, chunks, htot, tokens, per_head):
 
 # Offsets of the per-call fields in the int64 view of RopeArgs.
 _IN0, _IN1, _OUT0, _OUT1, _POS, _SEQ, _OFFSET = 0, 1, 2, 3, 23, 28, 30
+_SCALE, _SIN_SIGN = 34, 35  # the two float64 fields (checked against the C struct by a test)
 _AUX, _STATS = 38, 42
 
 
