@@ -147,17 +147,10 @@ def _check_index(info, name, device, shapes):
                          + f", got {list(info.shape)}")
 
 
-def _rope(xs, names, config, inverse, positions, offset, seq_offsets, outs, inplace, stream):
-    if not isinstance(config, RopeConfig):
-        raise TypeError(f"config must be a cuprope.RopeConfig, got {type(config).__name__}")
-    res = _torch_fast(xs, config, inverse, positions, offset, seq_offsets, outs, inplace, stream)
-    if res is not None:
-        return res
-    if isinstance(offset, bool) or not isinstance(offset, (int, np.integer)):
-        raise TypeError(f"offset must be an int, got {type(offset).__name__}")
-    offset = int(offset)
-    if not -(2 ** 62) < offset < 2 ** 62:
-        raise ValueError(f"offset out of range: {offset}")
+def _validate_call(xs, names, config, outs, inplace):
+    """Describe and check the rotated tensors and the outputs (shared with
+    cuprope.tables). ``config`` needs ``layout``, ``rotary_dim``, ``per_head``.
+    Returns (infos, out_infos or None, (B, S, D))."""
     infos = [describe(x, n) for x, n in zip(xs, names)]
     for info, n in zip(infos, names):
         _check_tensor(info, n, config)
@@ -182,11 +175,9 @@ def _rope(xs, names, config, inverse, positions, offset, seq_offsets, outs, inpl
         if k.shape[-1] != d:
             raise ValueError(f"{names[0]} and {names[1]} must have the same head dim, "
                              f"got {d} and {k.shape[-1]}")
-    device = infos[0].device
     if b * s > MAX_TOKENS:
         raise ValueError(f"at most {MAX_TOKENS} tokens (B*S) per call, got {b * s}")
 
-    # outputs
     out_infos = None
     if inplace:
         if outs is not None:
@@ -210,6 +201,43 @@ def _rope(xs, names, config, inverse, positions, offset, seq_offsets, outs, inpl
         if len(out_infos) == 2 and overlaps(out_infos[0], out_infos[1]):
             raise ValueError("the two outputs overlap")
 
+    return infos, out_infos, (b, s, d)
+
+
+def _empty_result(infos, out_infos):
+    res = [o.obj for o in out_infos] if out_infos else [wrap_like(i, empty_like(i)) for i in infos]
+    return tuple(res)
+
+
+def _fast_key(kind, xs, config, inverse, idx1, idx2, outs, inplace, stream):
+    """The fast-path cache key of a call about to take the general path, or
+    None when its framework has no fast path (or stream= was given)."""
+    if stream is not None:
+        return None
+    fw = _fast_adapter(kind)
+    if fw is None:
+        return None
+    try:
+        return fw[0](xs, config, inverse, idx1, idx2, outs, inplace)
+    except _NoFastPath:
+        return None
+
+
+def _rope(xs, names, config, inverse, positions, offset, seq_offsets, outs, inplace, stream):
+    if not isinstance(config, RopeConfig):
+        raise TypeError(f"config must be a cuprope.RopeConfig, got {type(config).__name__}")
+    res = _fast_path(xs, config, inverse, positions, offset, seq_offsets, outs, inplace, stream)
+    if res is not None:
+        return res
+    if isinstance(offset, bool) or not isinstance(offset, (int, np.integer)):
+        raise TypeError(f"offset must be an int, got {type(offset).__name__}")
+    offset = int(offset)
+    if not -(2 ** 62) < offset < 2 ** 62:
+        raise ValueError(f"offset out of range: {offset}")
+    infos, out_infos, (b, s, d) = _validate_call(xs, names, config, outs, inplace)
+    layout = config.layout
+    device = infos[0].device
+
     # positions
     n_str = config.n_streams
     if layout == "thd":
@@ -227,16 +255,11 @@ def _rope(xs, names, config, inverse, positions, offset, seq_offsets, outs, inpl
             raise ValueError("seq_offsets must be contiguous")
 
     if all(i.size == 0 for i in infos):
-        res = [o.obj for o in out_infos] if out_infos else [wrap_like(i, empty_like(i)) for i in infos]
-        return tuple(res)
+        return _empty_result(infos, out_infos)
     if device < 0:
         return _numpy_backend(infos, out_infos, config, inverse, pos_info, seq_info, offset)
-    cache_key = None
-    if infos[0].kind == "torch" and stream is None:
-        try:
-            cache_key = _torch_key(xs, config, inverse, positions, seq_offsets, outs, inplace)
-        except _NoFastPath:
-            pass
+    cache_key = _fast_key(infos[0].kind, xs, config, inverse, positions, seq_offsets, outs,
+                          inplace, stream)
     return _gpu_backend(infos, out_infos, config, inverse, pos_info, seq_info, offset, stream,
                         (b, s, d), cache_key)
 
@@ -318,22 +341,11 @@ def _stream_ptr(stream, info):
 
 def _gpu_backend(infos, out_infos, config, inverse, pos_info, seq_info, offset, stream, bsd,
                  cache_key=None):
-    import cupy
-
-    from ._launch import TensorPlan, make_plan
-
     b, s, d = bsd
-    layout = config.layout
     device = infos[0].device
     stream_ptr = _stream_ptr(stream, infos[0])
-    copy_rest = out_infos is None or not all(_same_view(o, i) for o, i in zip(out_infos, infos))
-    outs_given = out_infos is not None and not all(o is i for o, i in zip(out_infos, infos))
-    if out_infos is None:
-        out_infos = [describe(empty_like(i), "out") for i in infos]
-    tplans = [TensorPlan(i.ptr, o.ptr, _canon_strides(i.strides, layout),
-                         _canon_strides(o.strides, layout), _canon(i.shape, layout)[2])
-              for i, o in zip(infos, out_infos)]
-    inv_freq, smap = config.device_tables(device)
+    copy_rest, outs_given, out_infos = _outputs(infos, out_infos)
+    # Only what the plan key needs is computed before the lookup.
     pos = None
     if pos_info is not None:
         st, shp = pos_info.strides, pos_info.shape
@@ -350,8 +362,12 @@ def _gpu_backend(infos, out_infos, config, inverse, pos_info, seq_info, offset, 
             tuple((o.strides, o.ptr % 16) for o in out_infos))
     entry = config._plans.get(gkey)
     if entry is None:
+        from ._launch import make_plan
+
+        inv_freq, smap = config.device_tables(device)
         plan = make_plan(
-            device=device, dtype=infos[0].dtype, interleaved=config.interleaved, plans=tplans,
+            device=device, dtype=infos[0].dtype, interleaved=config.interleaved,
+            plans=_tensor_plans(infos, out_infos, config.layout),
             n_batch=b, n_seq=s, head_dim=d, rot_dim=config.rotary_dim, copy_rest=copy_rest,
             pos=pos, seq_off=seq64, inv_freq_ptr=inv_freq.data.ptr,
             freq_sh=config.rotary_dim // 2 if config.per_head else 0,
@@ -360,8 +376,39 @@ def _gpu_backend(infos, out_infos, config, inverse, pos_info, seq_info, offset, 
         config._plans[gkey] = (plan, None)
     else:
         plan = entry[0]
-    ptrs = (infos[0].ptr, infos[-1].ptr, out_infos[0].ptr, out_infos[-1].ptr,
-            0 if pos_info is None else pos_info.ptr, 0 if seq_info is None else seq_info.ptr)
+    return _run_plan(plan, config, infos, out_infos, outs_given, stream_ptr,
+                     0 if pos_info is None else pos_info.ptr,
+                     0 if seq_info is None else seq_info.ptr, offset, cache_key)
+
+
+def _outputs(infos, out_infos):
+    """(copy_rest, outs_given, out_infos): whether dims >= R must be copied
+    (out-of-place), whether the caller gave outputs, and the outputs
+    (allocated like the inputs when not given)."""
+    copy_rest = out_infos is None or not all(_same_view(o, i) for o, i in zip(out_infos, infos))
+    outs_given = out_infos is not None and not all(o is i for o, i in zip(out_infos, infos))
+    if out_infos is None:
+        out_infos = [describe(empty_like(i), "out") for i in infos]
+    return copy_rest, outs_given, out_infos
+
+
+def _tensor_plans(infos, out_infos, layout):
+    from ._launch import TensorPlan
+    return [TensorPlan(i.ptr, o.ptr, _canon_strides(i.strides, layout),
+                       _canon_strides(o.strides, layout), _canon(i.shape, layout)[2])
+            for i, o in zip(infos, out_infos)]
+
+
+def _run_plan(plan, config, infos, out_infos, outs_given, stream_ptr, idx1, idx2, offset,
+              cache_key):
+    """Launch ``plan`` (on the tensors' device), remember it for the fast path
+    under ``cache_key`` and hand the outputs back in the caller's framework.
+    idx1, idx2: the positions and sequence-offset pointers (cos and sin for
+    the table source)."""
+    import cupy
+
+    device = infos[0].device
+    ptrs = (infos[0].ptr, infos[-1].ptr, out_infos[0].ptr, out_infos[-1].ptr, idx1, idx2)
     if cupy.cuda.runtime.getDevice() != device:
         with cupy.cuda.Device(device):
             plan.run(stream_ptr, *ptrs, offset)
@@ -378,13 +425,28 @@ def _gpu_backend(infos, out_infos, config, inverse, pos_info, seq_info, offset, 
     return tuple(wrap_like(i, o.obj) for i, o in zip(infos, out_infos))
 
 
-# ---------------------------------------------------------------- torch fast path
+# ---------------------------------------------------------------- fast path
 #
-# A torch call whose shapes, strides, dtypes, devices and settings were seen
-# before on this thread reuses the validated launch plan: per call it reads the
-# pointers, allocates outputs with torch.empty_like and launches. Anything
-# unusual (out= that may overlap, misalignment, another current device, a
-# stream= argument) takes the general path above.
+# A call made only of torch CUDA tensors, or only of CuPy arrays, whose shapes,
+# strides, dtypes, devices and settings were seen before on this thread reuses
+# the validated launch plan: per call it reads the pointers, allocates outputs
+# as the general path would and launches. Anything unusual (out= that may
+# overlap, misalignment, another current device, a stream= argument) takes the
+# general path above, which validates and raises as usual.
+#
+# A framework is an adapter tuple (key, ptr, alloc, stream, current_device):
+#   key(xs, config, inverse, positions, seq_offsets, outs, inplace): the plan
+#       cache key, or _NoFastPath when an argument is not of that framework;
+#   ptr(a): data pointer; alloc(x): a new output laid out as the general
+#   path's; stream(device): the current stream's handle; current_device().
+# _FAST maps the module of the framework's array type to its adapter; an
+# adapter is built when a call of its framework first takes the general path.
+
+_FAST: dict = {}
+
+
+class _NoFastPath(Exception):
+    pass
 
 
 def _span(info):
@@ -393,16 +455,78 @@ def _span(info):
     return (lo - info.ptr, hi - info.ptr)
 
 
+def _fast_adapter(kind):
+    """The adapter for arrays of ``kind`` ("torch" or "cupy"), registered in
+    _FAST on first use; None for other kinds."""
+    if kind == "torch":
+        mod, build = "torch", _torch_adapter
+    elif kind == "cupy":
+        import cupy
+        mod, build = cupy.ndarray.__module__, _cupy_adapter
+    else:
+        return None
+    fw = _FAST.get(mod)
+    if fw is None:
+        fw = _FAST[mod] = build()
+    return fw
+
+
+def _fast_path(xs, config, inverse, positions, offset, seq_offsets, outs, inplace, stream):
+    """Result tuple, or None when the general path must run."""
+    if not config._plans or stream is not None or (inplace and outs is not None):
+        return None
+    if type(offset) is not int or not -(2 ** 62) < offset < 2 ** 62:
+        return None
+    fw = _FAST.get(type(xs[0]).__module__)
+    if fw is None:
+        return None
+    key_fn, ptr, alloc, current_stream, current_device = fw
+    try:
+        key = key_fn(xs, config, inverse, positions, seq_offsets, outs, inplace)
+    except _NoFastPath:
+        return None
+    entry = config._plans.get(key)
+    if entry is None:
+        return None
+    plan, spans = entry
+    dev = plan.device  # the key holds the device
+    if current_device() != dev:
+        return None
+    in0, in1 = ptr(xs[0]), ptr(xs[-1])
+    if outs is not None:
+        # an output touching any input's byte range, or the other output's:
+        # let the general path decide (it checks exactly, and raises)
+        prev = None
+        for o, (olo, ohi) in zip(outs, spans[1]):
+            po = ptr(o)
+            lo, hi = po + olo, po + ohi
+            for px, (xlo, xhi) in zip((in0, in1), spans[0]):
+                if lo < px + xhi and px + xlo < hi:
+                    return None
+            if prev is not None and lo < prev[1] and prev[0] < hi:
+                return None
+            prev = (lo, hi)
+        res = tuple(outs)
+    else:
+        res = xs if inplace else tuple([alloc(x) for x in xs])
+    out0, out1 = ptr(res[0]), ptr(res[-1])
+    if (out0 | out1) % plan.align:
+        return None
+    plan.run(current_stream(dev), in0, in1, out0, out1,
+             0 if positions is None else ptr(positions),
+             0 if seq_offsets is None else ptr(seq_offsets), offset)
+    return tuple(res)
+
+
+# torch
+
+
 def _index_key(t):
     if t is None:
         return None
     if type(t).__module__ != "torch" or not t.is_cuda:
         raise _NoFastPath
-    return (t.dtype, t.shape, t.stride(), t.device)
-
-
-class _NoFastPath(Exception):
-    pass
+    return (t.dtype, t.shape, t.stride(), t.device, t.data_ptr() % 16)  # cos/sin tables: aligned
 
 
 def _torch_key(xs, config, inverse, positions, seq_offsets, outs, inplace):
@@ -424,57 +548,62 @@ def _torch_key(xs, config, inverse, positions, seq_offsets, outs, inplace):
     return tuple(parts)
 
 
-def _torch_fast(xs, config, inverse, positions, offset, seq_offsets, outs, inplace, stream):
-    """Result tuple, or None when the general path must run."""
-    if not config._plans or stream is not None or (inplace and outs is not None):
-        return None
-    if type(offset) is not int or not -(2 ** 62) < offset < 2 ** 62:
-        return None
-    try:
-        key = _torch_key(xs, config, inverse, positions, seq_offsets, outs, inplace)
-    except _NoFastPath:
-        return None
-    entry = config._plans.get(key)
-    if entry is None:
-        return None
-    plan, spans = entry
-    x0 = xs[0]
-    dev = x0.device.index
-    if _current_device() != dev:
-        return None
-    if outs is not None:
-        # any output touching any input's byte range: let the general path decide
-        for o, (olo, ohi) in zip(outs, spans[1]):
-            po = o.data_ptr()
-            for x, (xlo, xhi) in zip(xs, spans[0]):
-                px = x.data_ptr()
-                if po + olo < px + xhi and px + xlo < po + ohi:
-                    return None
-        res = tuple(outs)
-    else:
-        res = xs if inplace else tuple(_torch_empty_like(x) for x in xs)
-    out0, out1 = res[0].data_ptr(), res[-1].data_ptr()
-    if (out0 | out1) % plan.align:
-        return None
-    plan.run(_torch_stream(dev), x0.data_ptr(), xs[-1].data_ptr(), out0, out1,
-             0 if positions is None else positions.data_ptr(),
-             0 if seq_offsets is None else seq_offsets.data_ptr(), offset)
-    return tuple(res)
-
-
-def _current_device():
+def _torch_adapter():
     import cupy
-    return cupy.cuda.runtime.getDevice()
-
-
-def _torch_empty_like(x):
     import torch
-    return torch.empty_like(x, requires_grad=False)
+
+    stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if stream is None:
+        def stream(device):
+            return torch.cuda.current_stream(device).cuda_stream
+    # torch.empty_like: what the general path allocates (requires_grad=False)
+    return (_torch_key, torch.Tensor.data_ptr, torch.empty_like, stream,
+            cupy.cuda.runtime.getDevice)
 
 
-def _torch_stream(device):
-    import torch
-    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    if raw is not None:
-        return raw(device)
-    return torch.cuda.current_stream(device).cuda_stream
+# CuPy
+
+
+def _cupy_adapter():
+    import operator
+
+    import cupy
+
+    ndarray, empty, get_stream = cupy.ndarray, cupy.empty, cupy.cuda.get_current_stream
+
+    def part(a):
+        if type(a) is not ndarray:
+            raise _NoFastPath
+        data = a.data
+        return (a.dtype, a.shape, a.strides, data.device_id, data.ptr % 16)
+
+    def index_part(a):
+        if a is None:
+            return None
+        if type(a) is not ndarray:
+            raise _NoFastPath
+        return (a.dtype, a.shape, a.strides, a.data.device_id, a.data.ptr % 16)
+
+    def key(xs, config, inverse, positions, seq_offsets, outs, inplace):
+        """Cache key for a call made only of CuPy arrays (else _NoFastPath)."""
+        parts = ["cupy", threading.get_ident(), inverse, inplace]
+        for x in xs:
+            parts.append(part(x))
+        if inplace and len(xs) == 2:
+            parts.append(xs[1].data.ptr - xs[0].data.ptr)
+        if outs is not None:
+            for o in outs:
+                parts.append(part(o))
+        parts.append(index_part(positions))
+        parts.append(index_part(seq_offsets))
+        return tuple(parts)
+
+    def alloc(x):
+        # C-contiguous on the current device (checked to be x's): as
+        # _arrays.empty_like, so the strides match those the plan was made for
+        return empty(x.shape, dtype=x.dtype)
+
+    def stream(device):
+        return get_stream().ptr  # the current device's (checked to be ``device``)
+
+    return (key, operator.attrgetter("data.ptr"), alloc, stream, cupy.cuda.runtime.getDevice)

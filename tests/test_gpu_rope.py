@@ -411,3 +411,133 @@ def test_cuda_array_interface_and_dlpack_producers_come_back_as_cupy(rng):
         y = cuprope.rope_forward(wrap(cupy.asarray(xh)), cfg)
         assert isinstance(y, cupy.ndarray)
         assert_matches(cupy.asnumpy(y), ref, np.abs(xh).max(), "float32")
+
+
+# ---------------------------------------------------------------- CuPy fast path
+
+
+def _np_dtype(dtype):
+    if dtype == "bfloat16":
+        pytest.importorskip("ml_dtypes")
+        import ml_dtypes
+        return ml_dtypes.bfloat16
+    return np.dtype(dtype)
+
+
+def _cupy_qk(rng, dtype, b=2, s=10, hq=4, hk=2, d=96):
+    """Fresh q [B,S,Hq,D] and k [B,S,Hk,D] as views of one new CuPy buffer, so
+    every call has new pointers but the same k − q pointer difference (part of
+    the in-place key). Also returns the buffer."""
+    import cupy
+    nq, nk = b * s * hq * d, b * s * hk * d
+    buf = cupy.asarray(rng.standard_normal(nq + nk).astype(np.float32).astype(_np_dtype(dtype)))
+    return buf[:nq].reshape(b, s, hq, d), buf[nq:].reshape(b, s, hk, d), buf
+
+
+def _cupy_host(a):
+    import cupy
+    return cupy.asnumpy(a).astype(np.float64)
+
+
+def _cupy_nan_like(a):
+    import cupy
+    return cupy.full(a.shape, np.nan, dtype=a.dtype)
+
+
+def _count_general_path(monkeypatch):
+    """List that grows by one per call reaching the general GPU backend."""
+    from cuprope import api
+    calls = []
+    real = api._gpu_backend
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(api, "_gpu_backend", counted)
+    return calls
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_cupy_repeated_calls_take_the_fast_path(dtype, rng, monkeypatch):
+    """CuPy q and k: the second call with the same signature skips the general
+    path and still sees its own data, positions and offset."""
+    import cupy
+    calls = _count_general_path(monkeypatch)
+    cfg = cuprope.RopeConfig(64, interleaved=dtype == "float16")
+    for call in range(2):
+        q, k, _ = _cupy_qk(rng, dtype)
+        pos = cupy.asarray(rng.integers(0, 70000, q.shape[1]).astype(np.int32))
+        q0, k0 = _cupy_host(q), _cupy_host(k)
+        rq, rk = cuprope.rope_qk_forward(q, k, cfg, positions=pos, offset=7 * call)
+        assert len(calls) == 1, "the second call took the general path"
+        assert type(rq) is cupy.ndarray and type(rk) is cupy.ndarray
+        assert rq.shape == q.shape and rk.shape == k.shape and rq.dtype == q.dtype
+        assert rq.flags.c_contiguous and rk.flags.c_contiguous
+        assert rq.device.id == q.device.id
+        xmax = max(np.abs(q0).max(), np.abs(k0).max())
+        for got, x0 in ((rq, q0), (rk, k0)):
+            ref = expected(x0, cfg, positions=cupy.asnumpy(pos), offset=7 * call)
+            assert_matches(_cupy_host(got), ref, xmax, dtype)
+        # inputs untouched
+        assert np.array_equal(_cupy_host(q), q0) and np.array_equal(_cupy_host(k), k0)
+
+
+def test_cupy_fast_path_out_and_overlap_checks(rng, monkeypatch):
+    """out= through the CuPy fast path; an out= that overlaps an input, or the
+    other output, on a call whose key is cached must still raise the general
+    path's ValueError (and launch nothing)."""
+    calls = _count_general_path(monkeypatch)
+    cfg = cuprope.RopeConfig(64)
+    for call in range(2):
+        q, k, _ = _cupy_qk(rng, "float32")
+        oq, ok = _cupy_nan_like(q), _cupy_nan_like(k)
+        res = cuprope.rope_qk_forward(q, k, cfg, offset=call, out=(oq, ok))
+        assert len(calls) == 1, "the second call took the general path"
+        assert res[0] is oq and res[1] is ok
+        xmax = max(np.abs(_cupy_host(q)).max(), np.abs(_cupy_host(k)).max())
+        for got, x in ((oq, q), (ok, k)):
+            assert_matches(_cupy_host(got), expected(_cupy_host(x), cfg, offset=call), xmax,
+                           "float32")
+    # same shapes, strides, dtypes and alignment as the cached out=, so the key hits
+    q, k, buf = _cupy_qk(rng, "float32")
+    oq, ok = _cupy_nan_like(q), _cupy_nan_like(k)
+    k_over_q = buf[: k.size].reshape(k.shape)               # k's layout, q's memory
+    assert k_over_q.strides == ok.strides and k_over_q.data.ptr % 16 == ok.data.ptr % 16
+    q_before = _cupy_host(q)
+    with pytest.raises(ValueError, match="overlaps an input"):
+        cuprope.rope_qk_forward(q, k, cfg, out=(oq, k_over_q))
+    assert np.array_equal(_cupy_host(q), q_before), "q was written"
+    ok_over_oq = oq.reshape(-1)[: k.size].reshape(k.shape)  # the two outputs overlap
+    with pytest.raises(ValueError, match="two outputs overlap"):
+        cuprope.rope_qk_forward(q, k, cfg, out=(oq, ok_over_oq))
+    assert np.isnan(_cupy_host(oq)).all(), "an output was written"
+    # and a valid out= still works after the refusals
+    res = cuprope.rope_qk_forward(q, k, cfg, out=(oq, ok))
+    assert res[0] is oq and len(calls) == 1
+    assert_matches(_cupy_host(oq), expected(q_before, cfg), np.abs(q_before).max(), "float32")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_cupy_fast_path_in_place(dtype, rng, monkeypatch):
+    """In-place CuPy q and k (views of one buffer: the same pointer difference
+    each call) through the fast path; dims >= R are never touched."""
+    calls = _count_general_path(monkeypatch)
+    rot = 64
+    cfg = cuprope.RopeConfig(rot)
+    for call in range(2):
+        q, k, _ = _cupy_qk(rng, dtype)
+        q0, k0 = _cupy_host(q), _cupy_host(k)
+        rq, rk = cuprope.rope_qk_forward(q, k, cfg, inplace=True, offset=100 + call)
+        assert len(calls) == 1, "the second call took the general path"
+        assert rq is q and rk is k
+        xmax = max(np.abs(q0).max(), np.abs(k0).max())
+        for got, x0 in ((q, q0), (k, k0)):
+            gh = _cupy_host(got)
+            assert_matches(gh, expected(x0, cfg, offset=100 + call), xmax, dtype)
+            assert np.array_equal(gh[..., rot:], x0[..., rot:])
+    # q and k overlapping each other: another pointer difference, so another
+    # key; the general path refuses it
+    q, k, buf = _cupy_qk(rng, dtype)
+    with pytest.raises(ValueError, match="overlaps"):
+        cuprope.rope_qk_forward(q, buf[: k.size].reshape(k.shape), cfg, inplace=True)
