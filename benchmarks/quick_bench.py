@@ -20,7 +20,8 @@ def timed(fn, reps=50, warm=5):
 SHAPES = {"llama": ("llama3-8b prefill", 4, 4096, 32, 8, 128),
           "32k": ("32k seq", 1, 32768, 32, 8, 128),
           "d64": ("D64 MHA", 8, 2048, 16, 16, 64),
-          "decode": ("decode B256", 256, 1, 32, 8, 128)}
+          "decode": ("decode B256", 256, 1, 32, 8, 128),
+          "partial": ("partial R64 of 128", 4, 4096, 32, 8, 128, 64)}
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
@@ -34,13 +35,15 @@ def main(argv=None):
     dev = torch.cuda.get_device_name()
     rows = []
     for key in args.shapes.split(","):
-        name, b, s, hq, hk, d = SHAPES[key]
+        name, b, s, hq, hk, d, *rot = SHAPES[key]
+        r = rot[0] if rot else d
         for dt in (DTYPES[k] for k in args.dtypes.split(",")):
             sets = [(torch.randn(b, s, hq, d, device="cuda", dtype=dt),
                      torch.randn(b, s, hk, d, device="cuda", dtype=dt)) for _ in range(3)]
             outs = [(torch.empty_like(q), torch.empty_like(k)) for q, k in sets]
-            cfg = cuprope.RopeConfig(d)
+            cfg = cuprope.RopeConfig(r)
             nbytes = 2 * sum(q.numel() + k.numel() for q, k in sets[:1]) * sets[0][0].element_size()
+            inpl_bytes = nbytes * r // d  # in place only the rotated part moves
             src = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda")
             dst = torch.empty_like(src)
             i = [0]
@@ -59,7 +62,7 @@ def main(argv=None):
             t_rope = timed(run_rope)
             t_inpl = timed(run_inplace)
             rows.append((name, str(dt).replace("torch.", ""), nbytes / t_copy / 1e12,
-                         nbytes / t_rope / 1e12, t_rope * 1e6, nbytes / t_inpl / 1e12))
+                         nbytes / t_rope / 1e12, t_rope * 1e6, inpl_bytes / t_inpl / 1e12))
     print(f"device: {dev} {args.tag}")
     print(f"{'shape':<18} {'dtype':<9} {'copy TB/s':>9} {'qk TB/s':>8} {'qk us':>8} {'ratio':>6} {'inpl ratio':>10}")
     for r in rows:

@@ -9,8 +9,9 @@ import struct
 
 import numpy as np
 
-from ._loader import (ITEMSIZE, MODULES, family_of, kernel_name, lrpe_vec_widths,
-                      seq_stats_kernel_name, tuning_defines, vec_widths)
+from ._loader import (ITEMSIZE, MODULES, SRC_PER_HEAD, SRC_SHARED, SRC_TABLE, family_of,
+                      kernel_name, lrpe_vec_widths, seq_stats_kernel_name, tuning_defines,
+                      vec_widths)
 
 SMEM_LIMIT = 32 * 1024
 
@@ -37,12 +38,12 @@ WARPS_PER_BLOCK = {2: int(tuning_defines().get("CUPROPE_WARPS16", 4)),
                    4: int(tuning_defines().get("CUPROPE_WARPS32", 8))}
 
 
-def _function(device, dtype, interleaved, vec, per_head, act=0, backward=False):
-    key = (device, dtype, interleaved, vec, per_head, act, backward)
+def _function(device, dtype, interleaved, vec, src, act=0, backward=False):
+    key = (device, dtype, interleaved, vec, src, act, backward)
     fn = _FUNCS.get(key)
     if fn is None:
-        name = kernel_name(dtype, interleaved, vec, per_head, act, backward)
-        fn = MODULES.functions(device, family_of(act, per_head))[name]
+        name = kernel_name(dtype, interleaved, vec, src, act, backward)
+        fn = MODULES.functions(device, family_of(act, src))[name]
         _FUNCS[key] = fn
     return fn
 
@@ -80,12 +81,13 @@ def pick_vec(dtype, plans, npairs, tail, n_batch, n_seq, widths=None) -> int:
     return 1
 
 
-def grid_for(device, itemsize, npairs, chunks, htot, tokens, per_head):
+def grid_for(device, itemsize, npairs, chunks, htot, tokens, shared_cs):
     """(grid, block, head groups per token, heads per group, shared bytes).
 
     One warp per (token, head group). A warp covers 32 // min(chunks, 32) heads
     per step; with few tokens the heads of a token are split over several warps
-    so the GPU still fills (decode)."""
+    so the GPU still fills (decode). ``shared_cs``: the warp keeps the token's
+    cos/sin in shared memory (the shared angle source)."""
     rpw = 32 // min(chunks, 32)
     steps = -(-htot // rpw)                     # warp steps to cover all heads
     wpb = WARPS_PER_BLOCK[itemsize]
@@ -93,7 +95,7 @@ def grid_for(device, itemsize, npairs, chunks, htot, tokens, per_head):
     groups = max(1, min(steps, -(-want // tokens)))
     per_group = -(-steps // groups) * rpw
     groups = -(-htot // per_group)
-    smem_per_warp = 0 if per_head else npairs * 8
+    smem_per_warp = npairs * 8 if shared_cs else 0
     while wpb > 1 and wpb * smem_per_warp > SMEM_LIMIT:
         wpb //= 2
     if smem_per_warp > SMEM_LIMIT:
@@ -162,11 +164,17 @@ class LaunchPlan:
 
 def make_plan(*, device, dtype, interleaved, plans, n_batch, n_seq, head_dim, rot_dim,
               copy_rest, pos, seq_off, inv_freq_ptr, freq_sh, stream_map_ptr, scale, sin_sign,
-              act=0, backward_act=False, aux=None):
+              act=0, backward_act=False, aux=None, table=None):
     """Plan one rope launch over one or two tensors (q and k).
 
     plans: TensorPlan per tensor (pointers only decide the vector width);
     pos: None or (is64, stride_stream, stride_b, stride_s); seq_off: None or is64.
+
+    table: the cos/sin-table angle source, (cos_ptr, sin_ptr, stride_b,
+    stride_s) of two [B, S, R] tables in ``dtype`` with a contiguous last dim
+    (pointers only decide the vector width). ``run`` then takes the cos and
+    sin pointers where it takes positions and sequence offsets; sin_sign < 0
+    selects the backward; inv_freq, pos, seq_off and scale are unused.
 
     LRPE (cuprope/lrpe.py; one tensor, half split, R = D): ``act`` is the
     kernels' activation code, ``backward_act`` selects the fused backward
@@ -178,16 +186,30 @@ def make_plan(*, device, dtype, interleaved, plans, n_batch, n_seq, head_dim, ro
     lrpe = act != 0 or backward_act
     if lrpe and (interleaved or len(plans) != 1 or tail or rot_dim != head_dim):
         raise ValueError("LRPE kernels take one half-split tensor with R = D")
-    vec = pick_vec(dtype, plans + ([aux] if aux is not None else []), npairs, tail, n_batch,
-                   n_seq, lrpe_vec_widths(dtype) if lrpe else None)
-    chunks = (npairs + tail) // vec
+    if table is not None and (lrpe or freq_sh):
+        raise ValueError("the cos/sin-table source takes plain RoPE with no per-head table")
+    extra = [] if aux is None else [aux]
+    if table is not None:  # the tables' pointers and strides must allow the width too
+        extra.append(TensorPlan(table[0], table[1], (table[2], table[3], 0),
+                                (table[2], table[3], 0), 1))
+    vec = pick_vec(dtype, plans + extra, npairs, tail, n_batch, n_seq,
+                   lrpe_vec_widths(dtype) if lrpe else None)
+    # pass-through chunks of two packs where the tail allows: a rotated chunk
+    # is two packs too, so every lane moves the same bytes
+    copy_packs = 0 if not copy_rest else (2 if tail % (2 * vec) == 0 else 1)
+    chunks = npairs // vec + (tail // (vec * copy_packs) if copy_packs else 0)
     heads = [p.heads for p in plans] + [0] * (2 - len(plans))
-    per_head = freq_sh != 0
-    grid, block, groups, per_group, smem = grid_for(device, ITEMSIZE[dtype], npairs, chunks, heads[0] + heads[1],
-                                                    n_batch * n_seq, per_head)
+    src = SRC_TABLE if table is not None else (SRC_PER_HEAD if freq_sh else SRC_SHARED)
+    grid, block, groups, per_group, smem = grid_for(device, ITEMSIZE[dtype], npairs, chunks,
+                                                    heads[0] + heads[1], n_batch * n_seq,
+                                                    src == SRC_SHARED)
     p0 = plans[0]
     p1 = plans[1] if len(plans) > 1 else p0
     pos_is64, pss, psb, pst = pos if pos is not None else (0, 0, 0, 0)
+    if table is not None:
+        if pos is not None or seq_off is not None:
+            raise ValueError("the cos/sin tables take the position fields")
+        psb, pst = table[2], table[3]
     aux_strides = aux.in_strides if aux is not None else (0, 0, 0)
     fields = (
         0, 0, 0, 0,
@@ -196,18 +218,18 @@ def make_plan(*, device, dtype, interleaved, plans, n_batch, n_seq, head_dim, ro
         p0.out_strides[0], p1.out_strides[0], p0.out_strides[1], p1.out_strides[1],
         p0.out_strides[2], p1.out_strides[2],
         heads[0], heads[1],
-        n_batch, n_seq, head_dim, rot_dim, int(copy_rest),
+        n_batch, n_seq, head_dim, rot_dim, copy_packs,
         0, pos_is64, pss, psb, pst, 0, int(bool(seq_off)), 0,
         inv_freq_ptr, freq_sh, stream_map_ptr,
         scale, sin_sign,
         groups, per_group,
         0, aux_strides[0], aux_strides[1], aux_strides[2],
         0, n_batch * heads[0] * head_dim)
-    func = _function(device, dtype, interleaved, vec, per_head, act, backward_act)
+    func = _function(device, dtype, interleaved, vec, src, act, backward_act)
     plan = LaunchPlan(device, func, grid, block, smem, vec, vec * ITEMSIZE[dtype], fields)
     if act == SOFTMAX_SEQ:
         cols = n_batch * heads[0] * npairs
-        stats_fn = MODULES.functions(device, family_of(act, per_head))[
+        stats_fn = MODULES.functions(device, family_of(act, src))[
             seq_stats_kernel_name(dtype, backward_act)]
         plan.pre = LaunchPlan(device, stats_fn, (-(-cols // 32), 1, 1), (32, SEQ_SLICES, 1), 0,
                               vec, vec * ITEMSIZE[dtype], fields)

@@ -32,13 +32,19 @@ def _b(flag: bool) -> str:
     return "true" if flag else "false"
 
 
-def kernel_name(dtype: str, interleaved: bool, vec: int, per_head: bool = False,
+# Angle sources (kernels/rope.cuh kSrc*): the rope_kernel template's SRC.
+SRC_SHARED, SRC_PER_HEAD, SRC_TABLE = 0, 1, 2
+
+
+def kernel_name(dtype: str, interleaved: bool, vec: int, src: int = SRC_SHARED,
                 act: int = 0, backward: bool = False) -> str:
-    """Name expression of one ``rope_kernel`` instantiation. ``act`` / ``backward``
-    select the LRPE dialect (kernels/rope.cuh ACT, BWD); the plain RoPE names
-    leave them at their defaults."""
-    name = (f"cuprope::rope_kernel<{DTYPE_CTYPES[dtype]}, {_b(interleaved)}, {vec}, "
-            f"{_b(per_head)}")
+    """Name expression of one ``rope_kernel`` instantiation. ``src``: the angle
+    source (SRC_SHARED, SRC_PER_HEAD, SRC_TABLE); ``act`` / ``backward`` select
+    the LRPE dialect (kernels/rope.cuh ACT, BWD); the plain RoPE names leave
+    them at their defaults."""
+    if src not in (SRC_SHARED, SRC_PER_HEAD, SRC_TABLE):
+        raise ValueError(f"unknown angle source {src!r}")
+    name = f"cuprope::rope_kernel<{DTYPE_CTYPES[dtype]}, {_b(interleaved)}, {vec}, {int(src)}"
     if act or backward:
         name += f", {act}, {_b(backward)}"
     return name + ">"
@@ -60,15 +66,18 @@ def lrpe_vec_widths(dtype: str) -> tuple[int, ...]:
 
 
 # Instantiations are grouped into modules compiled on first use, so a model
-# with shared frequencies never pays for the per-head variants, and plain RoPE
-# never compiles the LRPE dialect (one family per activation).
-FAMILIES = ("shared", "per_head") + tuple(f"lrpe_{a}" for a in LRPE_ACTS)
+# with shared frequencies never pays for the per-head or cos/sin-table
+# variants, and plain RoPE never compiles the LRPE dialect (one family per
+# activation).
+_PLAIN_FAMILIES = {SRC_SHARED: "shared", SRC_PER_HEAD: "per_head", SRC_TABLE: "table"}
+FAMILIES = tuple(_PLAIN_FAMILIES.values()) + tuple(f"lrpe_{a}" for a in LRPE_ACTS)
 
 
-def family_of(act: int, per_head: bool) -> str:
-    """The family holding the rope_kernel instantiation for ``act`` (0: plain)."""
+def family_of(act: int, src: int) -> str:
+    """The family holding the rope_kernel instantiation for ``act`` (0: plain)
+    and angle source ``src``."""
     if act == 0:
-        return "per_head" if per_head else "shared"
+        return _PLAIN_FAMILIES[src]
     for name, code in LRPE_ACTS.items():
         if code == act:
             return f"lrpe_{name}"
@@ -76,13 +85,14 @@ def family_of(act: int, per_head: bool) -> str:
 
 
 def _family_names(family: str) -> list[str]:
-    if family in ("shared", "per_head"):
-        return [kernel_name(dt, il, v, family == "per_head")
-                for dt in DTYPE_CTYPES for il in (False, True) for v in vec_widths(dt)]
+    for src, name in _PLAIN_FAMILIES.items():
+        if family == name:
+            return [kernel_name(dt, il, v, src)
+                    for dt in DTYPE_CTYPES for il in (False, True) for v in vec_widths(dt)]
     act = LRPE_ACTS[family[len("lrpe_"):]]
-    names = [kernel_name(dt, False, v, ph, act, bwd)
-             for dt in DTYPE_CTYPES for v in lrpe_vec_widths(dt) for ph in (False, True)
-             for bwd in (False, True)]
+    names = [kernel_name(dt, False, v, src, act, bwd)
+             for dt in DTYPE_CTYPES for v in lrpe_vec_widths(dt)
+             for src in (SRC_SHARED, SRC_PER_HEAD) for bwd in (False, True)]
     if act == LRPE_ACTS["softmax_seq"]:
         names += [seq_stats_kernel_name(dt, bwd) for dt in DTYPE_CTYPES for bwd in (False, True)]
     return names
@@ -121,7 +131,7 @@ def source_hash() -> str:
 
 def tuning_defines() -> dict[str, str]:
     """``-D`` overrides from the CUPROPE_KERNEL_DEFINES environment variable, a
-    tuning hook (benchmarks/tune.py), e.g. ``"CUPROPE_ROWS=2 CUPROPE_MIN_BLOCKS=3"``."""
+    tuning hook (benchmarks/tune.py), e.g. ``"CUPROPE_ROWS16=2 CUPROPE_PIPELINE=0"``."""
     out = {}
     for tok in os.environ.get("CUPROPE_KERNEL_DEFINES", "").split():
         name, _, value = tok.partition("=")

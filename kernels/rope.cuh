@@ -42,7 +42,7 @@ struct RopeArgs {
   long long head_dim;        // D
   long long rot_dim;         // R (even, <= D)
   long long copy_rest;       // 1: also copy dims [R, D) to the output (out-of-place)
-  // positions
+  // positions (cos/sin tables for kSrcTable: see below)
   long long pos_ptr;         // 0: implicit position s
   long long pos_is64;
   long long pos_s_stream, pos_sb, pos_ss;
@@ -64,6 +64,9 @@ struct RopeArgs {
   long long stats_ptr;               // float*, sequence-softmax statistics [2 or 3][B*H*D]
   long long stats_plane;             // B*H*D, the length of one plane of stats
 };
+// The cos/sin-table angle source (SRC == kSrcTable) reuses the position
+// fields: cos at pos_ptr, sin at seq_off_ptr, two [B, S, R] tables in T with
+// a contiguous last dim and batch / sequence strides pos_sb / pos_ss.
 
 template <typename T> __device__ __forceinline__ float to_f32(T x);
 template <> __device__ __forceinline__ float to_f32<float>(float x) { return x; }
@@ -177,6 +180,90 @@ __device__ __forceinline__ void rotate_chunk(Pack<T, VEC>& p0, Pack<T, VEC>& p1,
     *e2 = from_f32<T>(x2 * cs[v].x + x1 * cs[v].y);
   }
 }
+
+// Angle sources (rope_kernel's SRC).
+constexpr int kSrcShared = 0;   // inv_freq [R/2]: cos/sin once per (token, pair)
+constexpr int kSrcPerHead = 1;  // inv_freq [H, R/2]: cos/sin per (token, head, pair)
+constexpr int kSrcTable = 2;    // cos, sin read from [B, S, R] tables in T (HF's tensors)
+
+// fp32 multiply, add and subtract rounded to nearest with subnormals kept:
+// inline PTX, because CuPy compiles with -ftz=true while PyTorch's kernels
+// keep subnormals, and an intrinsic would be neither contracted nor exact.
+__device__ __forceinline__ float mul_exact(float x, float y) {
+  float r;
+  asm("mul.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(x), "f"(y));
+  return r;
+}
+__device__ __forceinline__ float add_exact(float x, float y) {
+  float r;
+  asm("add.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(x), "f"(y));
+  return r;
+}
+__device__ __forceinline__ float sub_exact(float x, float y) {
+  float r;
+  asm("sub.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(x), "f"(y));
+  return r;
+}
+
+// x * y rounded to T, as PyTorch stores a product evaluated eagerly in T.
+template <typename T>
+__device__ __forceinline__ float rounded_product(T x, T y) {
+  return to_f32(from_f32<T>(mul_exact(to_f32(x), to_f32(y))));
+}
+
+// HF's o = x * cos + rotate_half(x) * sin for a chunk, rounded exactly as
+// PyTorch's eager kernels round it in T (each product to T, then the sum), so
+// the result equals HF's bit for bit. Pair (x1, x2) at elements (i1, i2) reads
+// the tables at the same elements:
+//   forward:  o1 = x1 c1 - x2 s1,   o2 = x2 c2 + x1 s2
+//   backward (autograd of that expression): d1 = g1 c1 + g2 s2,  d2 = g2 c2 - g1 s1
+// The chunk's cos/sin are in tc[0] | tc[1] and ts[0] | ts[1], laid out like p0 | p1.
+template <typename T, bool INTERLEAVED, int VEC>
+__device__ __forceinline__ void rotate_table(Pack<T, VEC>& p0, Pack<T, VEC>& p1,
+                                             const Pack<T, VEC>* tc, const Pack<T, VEC>* ts,
+                                             bool backward) {
+#pragma unroll
+  for (int v = 0; v < VEC; ++v) {
+    // (pack, index) of the pair's two elements, as in rotate_chunk
+    const int k1 = INTERLEAVED ? (2 * v < VEC ? 0 : 1) : 0;
+    const int k2 = INTERLEAVED ? k1 : 1;
+    const int i1 = INTERLEAVED ? (2 * v) % VEC : v;
+    const int i2 = INTERLEAVED ? i1 + 1 : v;
+    T& e1 = (k1 == 0 ? p0 : p1).v[i1];
+    T& e2 = (k2 == 0 ? p0 : p1).v[i2];
+    const T x1 = e1, x2 = e2;
+    const float a1 = rounded_product(x1, tc[k1].v[i1]);
+    const float a2 = rounded_product(x2, tc[k2].v[i2]);
+    if (!backward) {
+      e1 = from_f32<T>(sub_exact(a1, rounded_product(x2, ts[k1].v[i1])));
+      e2 = from_f32<T>(add_exact(a2, rounded_product(x1, ts[k2].v[i2])));
+    } else {
+      e1 = from_f32<T>(add_exact(a1, rounded_product(x2, ts[k2].v[i2])));
+      e2 = from_f32<T>(sub_exact(a2, rounded_product(x1, ts[k1].v[i1])));
+    }
+  }
+}
+
+// Tuning switches (benchmarks/NOTES.md, measured on an H200). PIPELINE: load
+// the next row before storing the current one; EARLY: issue the first row's
+// loads before computing cos/sin. Both hold more registers and lost to the
+// plain loop (fewer registers, more resident warps), so they are off.
+#ifndef CUPROPE_PIPELINE
+#define CUPROPE_PIPELINE 0
+#endif
+#ifndef CUPROPE_EARLY
+#define CUPROPE_EARLY 0
+#endif
+// Read the chunk's cos/sin from shared memory per row instead of holding them.
+#ifndef CUPROPE_CS_SMEM
+#define CUPROPE_CS_SMEM 0
+#endif
+// Blocks of kThreads that must fit an SM at once, for the plain shared-angle
+// kernels (the hot path): 4 caps them at 64 registers, with no spills, so
+// 32 warps stay resident. The other instantiations would spill under it.
+#ifndef CUPROPE_MIN_BLOCKS
+#define CUPROPE_MIN_BLOCKS 4
+#endif
 
 // ---------------------------------------------------------------- LRPE dialect
 // Activation before the rotation, selected at compile time.
@@ -481,28 +568,42 @@ __device__ __forceinline__ void softmax_head_rows(const RopeArgs& a, const float
 
 // Each warp owns one (token, head group): heads [g*heads_per_group, ...) of the
 // concatenated head list (q heads, then k heads). A lane owns one chunk (VEC
-// pairs of a head, or VEC pass-through elements when copying dims >= R); the
-// warp covers 32/cpr heads per step, cpr = min(chunks, 32) lanes per head.
+// pairs of a head, or pass-through elements when copying dims >= R); the warp
+// covers 32/cpr heads per step, cpr = min(chunks, 32) lanes per head.
 //
-// PER_HEAD: the frequency table has one row per head (freq_sh != 0) and cos/sin
-// are computed per (token, head, pair). Otherwise the warp computes cos/sin once per (token, pair) into
-// its slice of shared memory, each lane pulls its chunk's VEC values into
-// registers, and every head of q and k reuses them: per head a lane only
-// advances a pointer, loads two 16-byte packs, rotates and stores.
+// SRC, the angle source:
+//   kSrcShared:  the warp computes cos/sin once per (token, pair) into its
+//                slice of shared memory; each lane pulls its chunk's VEC values
+//                into registers and every head of q and k reuses them.
+//   kSrcPerHead: one frequency row per head (freq_sh != 0); cos/sin per
+//                (token, head, pair).
+//   kSrcTable:   cos and sin read from the caller's tables (HF layout), once
+//                per (token, chunk), and applied as PyTorch evaluates HF's
+//                formula (rotate_table).
+// Per head a lane then only advances a pointer, loads one or two 16-byte
+// packs, rotates and stores. The next row is loaded before the current one is
+// stored (software pipelining: the compiler may not reorder them itself since
+// out may alias in), and the first row's loads are issued before the cos/sin
+// computation so their latency overlaps it.
 //
 // ACT, BWD (LRPE, half split, one tensor, R = D): the activation is applied to
 // x before the rotation (BWD: dx = act'(x) * R^T dO with x read from aux_ptr).
 // The head-dim softmax takes its own warp-synchronous path (softmax_head_rows).
-template <typename T, bool INTERLEAVED, int VEC, bool PER_HEAD, int ACT = kActNone,
-          bool BWD = false>
-__global__ void __launch_bounds__(kThreads) rope_kernel(const RopeArgs a) {
+template <typename T, bool INTERLEAVED, int VEC, int SRC, int ACT = kActNone, bool BWD = false>
+__global__ void __launch_bounds__(kThreads, (SRC == kSrcShared && ACT == kActNone) ? CUPROPE_MIN_BLOCKS : 1)
+    rope_kernel(const RopeArgs a) {
   static_assert(ACT == kActNone || !INTERLEAVED, "LRPE pairs are half split");
   static_assert(ACT != kActNone || !BWD, "the plain backward is the forward with -sin");
-  extern __shared__ float2 warp_cs[];  // [warps per block][R/2]
+  static_assert(ACT == kActNone || SRC != kSrcTable, "LRPE computes its angles");
+  constexpr bool PER_HEAD = SRC == kSrcPerHead;
+  constexpr bool TABLE = SRC == kSrcTable;
+  extern __shared__ float2 warp_cs[];  // [warps per block][R/2] (kSrcShared)
 
   const int npairs = static_cast<int>(a.rot_dim >> 1);
   const int rot_chunks = npairs / VEC;
-  const int chunks = rot_chunks + (a.copy_rest ? static_cast<int>((a.head_dim - a.rot_dim) / VEC) : 0);
+  // copy_rest: packs per pass-through chunk (0: none, in-place)
+  const int cw = static_cast<int>(a.copy_rest);
+  const int chunks = rot_chunks + (cw ? static_cast<int>((a.head_dim - a.rot_dim) / (VEC * cw)) : 0);
   const int cpr = min(chunks, 32);
   const int rpw = 32 / cpr;
   const int lane = threadIdx.x & 31;
@@ -518,52 +619,94 @@ __global__ void __launch_bounds__(kThreads) rope_kernel(const RopeArgs a) {
   const int h1 = min(htot, h0 + static_cast<int>(a.heads_per_group));
   const unsigned b = tok / n_seq;
   const unsigned s = tok - b * n_seq;
-  constexpr int kRows = sizeof(T) == 4 ? CUPROPE_ROWS32 : CUPROPE_ROWS16;
   float2* my_cs = warp_cs + (threadIdx.x >> 5) * npairs;
-  if (!PER_HEAD) {
-    for (int p = lane; p < npairs; p += 32) my_cs[p] = pair_cos_sin(a, b, s, p, 0);
-    __syncwarp();
-  }
   if constexpr (ACT == kActSoftmax) {  // every lane stays: the row reductions shuffle
+    if (!PER_HEAD) {
+      for (int p = lane; p < npairs; p += 32) my_cs[p] = pair_cos_sin(a, b, s, p, 0);
+      __syncwarp();
+    }
     softmax_head_rows<T, VEC, PER_HEAD, BWD>(a, my_cs, b, s, h0, h1, npairs, chunks, cpr, rpw, lane);
     return;
   }
-  if (sub >= rpw) return;  // lanes left over when cpr does not divide 32
+  constexpr int kRows = sizeof(T) == 4 ? CUPROPE_ROWS32 : CUPROPE_ROWS16;
+  const int step = kRows * rpw;  // heads a lane advances per trip
+  const bool active = sub < rpw;  // lanes left over when cpr does not divide 32 idle
 
   const long long in_base0 = b * a.in_sb[0] + s * a.in_ss[0];
   const long long in_base1 = b * a.in_sb[1] + s * a.in_ss[1];
   const long long out_base0 = b * a.out_sb[0] + s * a.out_ss[0];
   const long long out_base1 = b * a.out_sb[1] + s * a.out_ss[1];
+  const long long aux_base = b * a.aux_sb + s * a.aux_ss;
 
-  for (int c = lane - sub * cpr; c < chunks; c += cpr) {
-    const bool rot = c < rot_chunks;
-    // element offsets of the chunk's two packs (one pack for a pass-through chunk)
-    const long long e0 = rot ? (INTERLEAVED ? 2LL * c * VEC : static_cast<long long>(c) * VEC)
-                             : a.rot_dim + static_cast<long long>(c - rot_chunks) * VEC;
-    const long long e1 = INTERLEAVED ? e0 + VEC : e0 + npairs;
-    float2 cs[VEC];
-    if (rot && !PER_HEAD) {
+  // element offsets of chunk c's packs; `two`: a second pack (every rotated
+  // chunk, and pass-through chunks of two packs)
+  int c = lane - sub * cpr;
+  int e0 = 0, e1 = 0;  // within a head: D < 2^31
+  bool rot = false, two = false;
+  auto geometry = [&]() {
+    rot = c < rot_chunks;
+    two = rot || cw == 2;
+    e0 = rot ? (INTERLEAVED ? 2 * c * VEC : c * VEC)
+             : 2 * npairs + (c - rot_chunks) * VEC * cw;
+    e1 = (rot && !INTERLEAVED) ? e0 + npairs : e0 + VEC;
+  };
+  // load the rows h, h + rpw, ... (kRows of them) of chunk c
+  auto load_rows = [&](int h, Pack<T, VEC> (&x)[kRows][2], Pack<T, VEC> (&xa)[kRows][2]) {
 #pragma unroll
-      for (int v = 0; v < VEC; ++v) cs[v] = my_cs[c * VEC + v];
+    for (int u = 0; u < kRows; ++u) {
+      const int hu = h + u * rpw;
+      if (hu >= h1) continue;
+      const bool is_k = hu >= heads0;
+      const long long ptr = is_k ? a.in_ptr[1] : a.in_ptr[0];
+      const long long off = is_k ? in_base1 + (hu - heads0) * a.in_sh[1] : in_base0 + hu * a.in_sh[0];
+      x[u][0] = load_pack<T, VEC>(ptr, off + e0);
+      if (two) x[u][1] = load_pack<T, VEC>(ptr, off + e1);
+      if constexpr (BWD) {
+        const long long aoff = aux_base + hu * a.aux_sh;
+        xa[u][0] = load_pack<T, VEC>(a.aux_ptr, aoff + e0);
+        xa[u][1] = load_pack<T, VEC>(a.aux_ptr, aoff + e1);
+      }
     }
-    for (int h = h0 + sub; h < h1; h += kRows * rpw) {
-      Pack<T, VEC> x[kRows][2];
-      [[maybe_unused]] Pack<T, VEC> xa[kRows][2];  // LRPE backward: x beside dO
+  };
+
+  Pack<T, VEC> x[kRows][2];
+  [[maybe_unused]] Pack<T, VEC> xa[kRows][2];  // LRPE backward: x beside dO
+  if (CUPROPE_EARLY && active && c < chunks) {
+    geometry();
+    load_rows(h0 + sub, x, xa);
+  }
+  if (SRC == kSrcShared) {
+    for (int p = lane; p < npairs; p += 32) my_cs[p] = pair_cos_sin(a, b, s, p, 0);
+    __syncwarp();
+  }
+  if (!active) return;
+
+  for (bool first = true; c < chunks; c += cpr, first = false) {
+    geometry();
+    float2 cs[VEC];
+    [[maybe_unused]] Pack<T, VEC> tc[2], ts[2];  // kSrcTable: cos and sin at e0 and e1
+    if (rot) {
+      if constexpr (TABLE) {
+        const long long toff = b * a.pos_sb + s * a.pos_ss;
+        tc[0] = load_pack<T, VEC>(a.pos_ptr, toff + e0);
+        tc[1] = load_pack<T, VEC>(a.pos_ptr, toff + e1);
+        ts[0] = load_pack<T, VEC>(a.seq_off_ptr, toff + e0);
+        ts[1] = load_pack<T, VEC>(a.seq_off_ptr, toff + e1);
+      } else if constexpr (!PER_HEAD) {
+        if (!CUPROPE_CS_SMEM) {
 #pragma unroll
-      for (int u = 0; u < kRows; ++u) {
-        const int hu = h + u * rpw;
-        if (hu >= h1) continue;
-        const bool is_k = hu >= heads0;
-        const long long ptr = is_k ? a.in_ptr[1] : a.in_ptr[0];
-        const long long off = is_k ? in_base1 + (hu - heads0) * a.in_sh[1] : in_base0 + hu * a.in_sh[0];
-        x[u][0] = load_pack<T, VEC>(ptr, off + e0);
-        if (rot) x[u][1] = load_pack<T, VEC>(ptr, off + e1);
-        if constexpr (BWD) {
-          const long long aoff = b * a.aux_sb + s * a.aux_ss + hu * a.aux_sh;
-          xa[u][0] = load_pack<T, VEC>(a.aux_ptr, aoff + e0);
-          xa[u][1] = load_pack<T, VEC>(a.aux_ptr, aoff + e1);
+          for (int v = 0; v < VEC; ++v) cs[v] = my_cs[c * VEC + v];
         }
       }
+    }
+    for (int h = h0 + sub; h < h1; h += step) {
+      // rows already in registers: loaded early (first row of the first
+      // chunk) or by the previous trip (pipelined)
+      const bool loaded = h == h0 + sub ? (CUPROPE_EARLY && first) : CUPROPE_PIPELINE;
+      if (!loaded) load_rows(h, x, xa);
+      Pack<T, VEC> nx[kRows][2];
+      [[maybe_unused]] Pack<T, VEC> nxa[kRows][2];
+      if (CUPROPE_PIPELINE && h + step < h1) load_rows(h + step, nx, nxa);
 #pragma unroll
       for (int u = 0; u < kRows; ++u) {
         const int hu = h + u * rpw;
@@ -573,19 +716,37 @@ __global__ void __launch_bounds__(kThreads) rope_kernel(const RopeArgs a) {
         const long long ptr = is_k ? a.out_ptr[1] : a.out_ptr[0];
         const long long off = is_k ? out_base1 + hh * a.out_sh[1] : out_base0 + hh * a.out_sh[0];
         if (rot) {
-          if (PER_HEAD) {
+          if constexpr (PER_HEAD) {
 #pragma unroll
             for (int v = 0; v < VEC; ++v) cs[v] = pair_cos_sin(a, b, s, c * VEC + v, hh);
+          } else if constexpr (!TABLE) {
+            if (CUPROPE_CS_SMEM) {  // re-read per row: fewer registers held
+#pragma unroll
+              for (int v = 0; v < VEC; ++v) cs[v] = my_cs[c * VEC + v];
+            }
           }
-          if constexpr (ACT == kActNone) {
+          if constexpr (TABLE) {
+            rotate_table<T, INTERLEAVED, VEC>(x[u][0], x[u][1], tc, ts, a.sin_sign < 0.0);
+          } else if constexpr (ACT == kActNone) {
             rotate_chunk<T, INTERLEAVED, VEC>(x[u][0], x[u][1], cs);
           } else {
             const long long scol = (static_cast<long long>(b) * a.heads[0] + hh) * a.head_dim;
             lrpe_chunk<T, VEC, ACT, BWD>(a, x[u][0], x[u][1], xa[u][0], xa[u][1], cs, scol, e0, e1);
           }
-          store_pack<T, VEC>(ptr, off + e1, x[u][1]);
         }
         store_pack<T, VEC>(ptr, off + e0, x[u][0]);
+        if (two) store_pack<T, VEC>(ptr, off + e1, x[u][1]);
+      }
+      if (CUPROPE_PIPELINE) {
+#pragma unroll
+        for (int u = 0; u < kRows; ++u) {
+          x[u][0] = nx[u][0];
+          x[u][1] = nx[u][1];
+          if constexpr (BWD) {
+            xa[u][0] = nxa[u][0];
+            xa[u][1] = nxa[u][1];
+          }
+        }
       }
     }
   }

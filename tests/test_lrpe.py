@@ -451,15 +451,21 @@ def test_kernel_args_layout_matches_the_struct():
     names = [n for _, n in fields]
     assert names.index("aux_ptr") == _launch._AUX and names.index("stats_ptr") == _launch._STATS
     assert names.index("offset") == _launch._OFFSET and names.index("scale") == _launch._SCALE
+    assert names.index("pos_ptr") == _launch._POS and names.index("seq_off_ptr") == _launch._SEQ
 
 
-def test_plain_kernel_names_are_unchanged_and_lrpe_families_are_separate():
-    assert _loader.kernel_name("bfloat16", False, 8, True) == \
-        "cuprope::rope_kernel<__nv_bfloat16, false, 8, true>"
-    assert _loader.kernel_name("float32", False, 4, False, 4, True) == \
-        "cuprope::rope_kernel<float, false, 4, false, 4, true>"
-    for fam in ("shared", "per_head"):
-        assert not any(n.count(",") > 3 for n in _loader.all_kernel_names(fam))
+def test_plain_kernel_names_are_short_and_lrpe_families_are_separate():
+    assert _loader.kernel_name("bfloat16", False, 8, _loader.SRC_PER_HEAD) == \
+        "cuprope::rope_kernel<__nv_bfloat16, false, 8, 1>"
+    assert _loader.kernel_name("float32", True, 4, _loader.SRC_TABLE) == \
+        "cuprope::rope_kernel<float, true, 4, 2>"
+    assert _loader.kernel_name("float32", False, 4, _loader.SRC_SHARED, 4, True) == \
+        "cuprope::rope_kernel<float, false, 4, 0, 4, true>"
+    with pytest.raises(ValueError, match="angle source"):
+        _loader.kernel_name("float32", False, 4, 3)
+    for fam, src in (("shared", 0), ("per_head", 1), ("table", 2)):
+        names = _loader.all_kernel_names(fam)
+        assert len(names) == 22 and all(n.endswith(f", {src}>") for n in names)
     lrpe_fams = [f for f in _loader.FAMILIES if f.startswith("lrpe_")]
     assert len(lrpe_fams) == 5
     for fam in lrpe_fams:
