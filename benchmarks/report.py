@@ -19,7 +19,7 @@ def table(rows):
         key = (r["case"], r["op"], r["dtype"])
         if key not in cases:
             cases.append(key)
-    impls = ["cuprope", "torch-compile", "torch-eager"]
+    impls = ["cuprope", "cuprope-hf-tables", "torch-compile", "torch-eager"]
     out = ["| case | op | dtype | copy TB/s | " + " | ".join(f"{i} TB/s (/copy)" for i in impls) + " |",
            "| --- | --- | --- | --- | " + " | ".join("---" for _ in impls) + " |"]
     for c in cases:

@@ -150,6 +150,13 @@ def run_case(name, shape, op, dtype_name, peers=True, sets=2, reps=30):
             hf_rope(q, k, cos, sin)
         rows.append(Row(name, op, dtype_name, "torch-eager", shape, nbytes, time_gpu(eager, reps=reps),
                         t_copy))
+        from cuprope import tables
+
+        def hf_tables():  # the same HF formula through cuprope's cos/sin-table source
+            j = pick()
+            tables.rope_qk_table_forward(*bufs[j], cos, sin, out=outs[j])
+        rows.append(Row(name, op, dtype_name, "cuprope-hf-tables", shape, nbytes,
+                        time_gpu(hf_tables, reps=reps), t_copy))
         try:
             compiled = torch.compile(hf_rope, dynamic=False)
 

@@ -16,6 +16,7 @@ __all__ = [
     "token_positions",
     "pair_angles",
     "rotate",
+    "rotate_with_tables",
     "round_to_dtype",
 ]
 
@@ -92,6 +93,47 @@ def rotate(x, angles, *, rotary_dim: int, interleaved: bool, scale: float = 1.0,
         x1, x2 = x[..., :half], x[..., half:rotary_dim]
         out[..., :half] = x1 * cos - x2 * sin
         out[..., half:rotary_dim] = x2 * cos + x1 * sin
+    return out
+
+
+def _rotate_half(x, rotary_dim, interleaved, transposed=False):
+    """HF's rotate_half on the first R dims: (x1, x2) -> (-x2, x1), pairs split
+    in halves or, ``interleaved``, (2j, 2j+1) (HF's rotate_every_two).
+    ``transposed``: its transpose (y1, y2) -> (y2, -y1), as autograd applies it."""
+    sign1, sign2 = (1.0, -1.0) if transposed else (-1.0, 1.0)
+    y = np.empty_like(x[..., :rotary_dim])
+    if interleaved:
+        y[..., 0::2] = sign1 * x[..., 1:rotary_dim:2]
+        y[..., 1::2] = sign2 * x[..., 0:rotary_dim:2]
+    else:
+        half = rotary_dim // 2
+        y[..., :half] = sign1 * x[..., half:rotary_dim]
+        y[..., half:] = sign2 * x[..., :half]
+    return y
+
+
+def rotate_with_tables(x, cos, sin, *, interleaved: bool, inverse: bool, dtype) -> np.ndarray:
+    """HF's ``x * cos + rotate_half(x) * sin`` on the first R dims, evaluated
+    the way PyTorch evaluates it eagerly in ``dtype``: every product and the
+    sum rounded to ``dtype``. Dims ≥ R pass through.
+
+    x: ``[B, S, H, D]`` values of ``dtype``; cos, sin: ``[B, S, 1, R]`` values
+    of ``dtype`` (any float array). ``inverse``: the gradient autograd forms for
+    that expression, ``g * cos + rotate_halfᵀ(g * sin)``, rounded the same way.
+    Returns float64 holding ``dtype`` values."""
+    def rnd(v):
+        return round_to_dtype(v, dtype).astype(np.float64)
+
+    x = np.asarray(x, dtype=np.float64)
+    cos = np.asarray(cos, dtype=np.float64)
+    sin = np.asarray(sin, dtype=np.float64)
+    r = cos.shape[-1]
+    xr = x[..., :r]
+    out = x.copy()
+    if inverse:
+        out[..., :r] = rnd(rnd(xr * cos) + _rotate_half(rnd(xr * sin), r, interleaved, True))
+    else:
+        out[..., :r] = rnd(rnd(xr * cos) + rnd(_rotate_half(xr, r, interleaved) * sin))
     return out
 
 

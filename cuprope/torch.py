@@ -11,6 +11,13 @@ module is imported only by users who want it.
 * CUDA graphs: warm up once per (config, device) before capture, so the
   frequency table is already on the device; calls then allocate only outputs
   through torch's (graph-aware) allocator.
+* ``apply_rotary_pos_emb(q, k, cos, sin, position_ids=None, unsqueeze_dim=1)``
+  — a drop-in for Hugging Face's function of that name: it reads the model's
+  own cos/sin tensors (``cuprope.tables``) and returns HF's result bit for bit,
+  with HF's gradients. One line switches a Llama-style model::
+
+      transformers.models.llama.modeling_llama.apply_rotary_pos_emb = \
+          cuprope.torch.apply_rotary_pos_emb
 
 Tensors on the CPU run the NumPy backend (float64 reference), which is how the
 adapter's tests run without a GPU.
@@ -21,10 +28,10 @@ from typing import Optional
 
 import torch
 
-from . import api
+from . import api, tables
 from .config import RopeConfig, config_by_key
 
-__all__ = ["rope_qk", "rope", "RopeQKFunction"]
+__all__ = ["rope_qk", "rope", "RopeQKFunction", "apply_rotary_pos_emb"]
 
 # Custom ops take only tensors and scalars: configs travel as their integer key.
 
@@ -177,3 +184,101 @@ def rope(x: torch.Tensor, config: RopeConfig, *, positions: Optional[torch.Tenso
     if _compiling():
         return _rope_op(x, _key(config), positions, seq_offsets, int(offset), False)
     return _RopeFunction.apply(x, config, positions, int(offset), seq_offsets)
+
+
+# ---------------------------------------------------------------- HF drop-in (cos/sin tables)
+
+
+class _TableQKFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, cos, sin, layout, interleaved):
+        ctx.save_for_backward(cos, sin)
+        ctx.args = (layout, interleaved)
+        ctx.meta = ((q.shape, q.dtype, q.device), (k.shape, k.dtype, k.device))
+        return tables.rope_qk_table_forward(q.detach(), k.detach(), cos.detach(), sin.detach(),
+                                            layout=layout, interleaved=interleaved)
+
+    @staticmethod
+    def backward(ctx, gq, gk):
+        cos, sin = ctx.saved_tensors
+        layout, interleaved = ctx.args
+        dq, dk = tables.rope_qk_table_backward(
+            _zeros_if_none(gq, ctx.meta[0]), _zeros_if_none(gk, ctx.meta[1]), cos, sin,
+            layout=layout, interleaved=interleaved)
+        return dq, dk, None, None, None, None
+
+
+@torch.library.custom_op("cuprope::rope_qk_table", mutates_args=())
+def _rope_qk_table_op(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                      layout: str, interleaved: bool,
+                      inverse: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    fn = tables.rope_qk_table_backward if inverse else tables.rope_qk_table_forward
+    return fn(q, k, cos, sin, layout=layout, interleaved=interleaved)
+
+
+@_rope_qk_table_op.register_fake
+def _(q, k, cos, sin, layout, interleaved, inverse):
+    return torch.empty_like(q), torch.empty_like(k)
+
+
+def _table_setup(ctx, inputs, output):
+    q, k, cos, sin, layout, interleaved, inverse = inputs
+    ctx.save_for_backward(cos, sin)
+    ctx.args = (layout, interleaved, inverse)
+    ctx.meta = ((q.shape, q.dtype, q.device), (k.shape, k.dtype, k.device))
+
+
+def _table_backward(ctx, gq, gk):
+    cos, sin = ctx.saved_tensors
+    layout, interleaved, inverse = ctx.args
+    dq, dk = _rope_qk_table_op(_zeros_if_none(gq, ctx.meta[0]), _zeros_if_none(gk, ctx.meta[1]),
+                               cos, sin, layout, interleaved, not inverse)
+    return dq, dk, None, None, None, None, None
+
+
+_rope_qk_table_op.register_autograd(_table_backward, setup_context=_table_setup)
+
+
+def _rotate_half(x):
+    h = x.shape[-1] // 2
+    return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
+
+
+def _hf_formula(q, k, cos, sin, unsqueeze_dim):
+    cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
+    return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+
+
+def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                         position_ids: Optional[torch.Tensor] = None, unsqueeze_dim: int = 1):
+    """Drop-in for Hugging Face's ``apply_rotary_pos_emb`` (Llama and the many
+    models that copy it): ``q * cos + rotate_half(q) * sin``, same for k.
+
+    q ``[B, Hq, S, D]`` and k ``[B, Hk, S, D]`` with ``unsqueeze_dim=1`` (HF's
+    default), or ``[B, S, H, D]`` with ``unsqueeze_dim=2``; cos, sin
+    ``[B, S, R]`` (or ``[1, S, R]``) as the model's rotary embedding returns
+    them, in q's dtype. R = D is HF's case; R < D rotates the first R dims and
+    passes the rest through. ``position_ids`` is ignored, as in HF.
+
+    The result and the gradients equal HF's bit for bit (every product and sum
+    rounded in q's dtype as PyTorch's eager kernels round them). Where the
+    kernel does not apply, HF's own formula runs instead, so nothing changes
+    but speed: cos/sin that need gradients, or cos/sin in another dtype than q
+    (HF would type-promote). Host tensors run cuprope's NumPy emulation of the
+    same rounding.
+    """
+    del position_ids  # unused by HF since transformers 4.38
+    if unsqueeze_dim not in (1, 2, -3, -2):
+        raise ValueError(f"unsqueeze_dim must be 1 ([B, H, S, D]) or 2 ([B, S, H, D]), "
+                         f"got {unsqueeze_dim}")
+    layout = "bhsd" if unsqueeze_dim in (1, -3) else "bshd"
+    if (cos.requires_grad or sin.requires_grad or cos.dtype != q.dtype
+            or sin.dtype != q.dtype):
+        return _hf_formula(q, k, cos, sin, unsqueeze_dim)
+    if cos.stride() != sin.stride():
+        cos, sin = cos.contiguous(), sin.contiguous()
+    if _compiling():
+        return _rope_qk_table_op(q, k, cos, sin, layout, False, False)
+    if not (q.requires_grad or k.requires_grad):
+        return tables.rope_qk_table_forward(q, k, cos, sin, layout=layout)
+    return _TableQKFunction.apply(q, k, cos, sin, layout, False)

@@ -1,0 +1,214 @@
+"""Rotation by the caller's own cos/sin tables: HF's ``apply_rotary_pos_emb``.
+
+Hugging Face models compute ``cos`` and ``sin`` once per forward (their rotary
+embedding module, any scaling scheme folded in) and rotate with
+
+    q_embed = q * cos + rotate_half(q) * sin
+
+These functions evaluate exactly that on the GPU with the same kernel family
+as the rest of cuprope (angle source: the tables), rounding every product and
+the sum in the tensors' dtype as PyTorch's eager kernels do, so the result is
+bit for bit HF's. Host arrays run a NumPy emulation of the same rounding.
+
+Shapes (``layout`` as in ``cuprope.api``):
+  * x: ``[B, S, H, D]`` (``"bshd"``), ``[B, H, S, D]`` (``"bhsd"``) or
+    ``[T, H, D]`` (``"thd"``); q and k may differ in H.
+  * cos, sin: ``[B, S, R]``, ``[1, S, R]`` or ``[S, R]`` (``[T, R]`` for
+    ``"thd"``) in x's dtype with a contiguous last dim; R even, R <= D. Dims
+    [R, D) pass through (partial rotary). cos and sin share shape and strides.
+  * ``interleaved``: pairs (2j, 2j+1) and HF's rotate_every_two (tables
+    repeat-interleaved), else halves (j, j + R/2) and rotate_half.
+The backward is the gradient autograd forms for HF's expression,
+``g * cos + rotate_halfᵀ(g * sin)``, rounded the same way.
+"""
+from __future__ import annotations
+
+import threading
+
+from . import reference
+from ._arrays import FLOAT_DTYPES, describe, overlaps
+from .config import LAYOUTS
+
+__all__ = ["rope_table_forward", "rope_table_backward", "rope_qk_table_forward",
+           "rope_qk_table_backward"]
+
+
+def rope_table_forward(x, cos, sin, *, layout: str = "bshd", interleaved: bool = False,
+                       out=None, inplace: bool = False, stream=None):
+    """``x * cos + rotate_half(x) * sin`` on the first R = cos.shape[-1] dims.
+    Returns the rotated array (``x`` itself when ``inplace``; ``out`` when given)."""
+    return _table_rope((x,), ("x",), cos, sin, layout, interleaved, False,
+                       None if out is None else (out,), inplace, stream)[0]
+
+
+def rope_table_backward(grad_out, cos, sin, *, layout: str = "bshd", interleaved: bool = False,
+                        out=None, inplace: bool = False, stream=None):
+    """Gradient of ``rope_table_forward`` w.r.t. x (as autograd forms it for HF)."""
+    return _table_rope((grad_out,), ("grad_out",), cos, sin, layout, interleaved, True,
+                       None if out is None else (out,), inplace, stream)[0]
+
+
+def rope_qk_table_forward(q, k, cos, sin, *, layout: str = "bshd", interleaved: bool = False,
+                          out=None, inplace: bool = False, stream=None):
+    """q and k in one launch, each table value read once per token for every
+    head of both. Returns (q_rotated, k_rotated)."""
+    from .api import _pair
+    return _table_rope((q, k), ("q", "k"), cos, sin, layout, interleaved, False, _pair(out),
+                       inplace, stream)
+
+
+def rope_qk_table_backward(grad_q, grad_k, cos, sin, *, layout: str = "bshd",
+                           interleaved: bool = False, out=None, inplace: bool = False,
+                           stream=None):
+    """Gradients of ``rope_qk_table_forward`` w.r.t. q and k, in one launch."""
+    from .api import _pair
+    return _table_rope((grad_q, grad_k), ("grad_q", "grad_k"), cos, sin, layout, interleaved,
+                       True, _pair(out), inplace, stream)
+
+
+class _TableSource:
+    """Stands in for a RopeConfig where the API's shared code reads one: the
+    layout, pairing and launch-plan cache of table calls (one per layout and
+    pairing)."""
+
+    def __init__(self, layout, interleaved):
+        self.layout, self.interleaved = layout, interleaved
+        self._plans: dict = {}
+
+
+class _Geometry:
+    """What ``api._validate_call`` reads of a config, for one table call."""
+
+    per_head = False
+
+    def __init__(self, layout, rotary_dim):
+        self.layout, self.rotary_dim = layout, rotary_dim
+
+
+_SOURCES = {(lay, il): _TableSource(lay, il) for lay in LAYOUTS for il in (False, True)}
+
+
+def _table_strides(info, name, layout, b, s):
+    """(batch stride, sequence stride) of a cos/sin table, after checking it."""
+    shape, st = tuple(info.shape), info.strides
+    r = shape[-1] if shape else 0
+    if layout == "thd":
+        if shape != (s, r):
+            raise ValueError(f"{name} must be [T, R] = [{s}, R] for layout 'thd', got {list(shape)}")
+        return 0, st[0]
+    if len(shape) == 2 and shape[0] == s:
+        return 0, st[0]
+    if len(shape) == 3 and shape[1] == s and shape[0] in (1, b):
+        return (st[0] if shape[0] > 1 else 0), st[1]
+    raise ValueError(f"{name} must be [B, S, R], [1, S, R] or [S, R] with B = {b}, S = {s}, "
+                     f"got {list(shape)}")
+
+
+def _check_tables(cinfo, sinfo, x0, b, s, layout):
+    for info, name in ((cinfo, "cos"), (sinfo, "sin")):
+        if info.dtype != x0.dtype:
+            raise TypeError(f"{name} must have the tensors' dtype {x0.dtype} (HF casts its "
+                            f"tables to the activations' dtype), got {info.dtype}")
+        if info.device != x0.device:
+            where = "host" if info.device < 0 else f"cuda:{info.device}"
+            raise ValueError(f"{name} is on {where} but the tensors are not")
+        if info.shape and info.shape[-1] > 1 and info.strides[-1] != 1:
+            raise ValueError(f"{name}: the last dim must be contiguous (stride 1)")
+    if tuple(cinfo.shape) != tuple(sinfo.shape):
+        raise ValueError(f"cos and sin must have the same shape, got {list(cinfo.shape)} "
+                         f"and {list(sinfo.shape)}")
+    tc = _table_strides(cinfo, "cos", layout, b, s)
+    ts = _table_strides(sinfo, "sin", layout, b, s)
+    if tc != ts:
+        raise ValueError(f"cos and sin must have the same strides, got {cinfo.strides} "
+                         f"and {sinfo.strides}")
+    return tc
+
+
+def _rotary_dim(cinfo):
+    r = cinfo.shape[-1] if cinfo.shape else 0
+    if r < 2 or r % 2:
+        raise ValueError(f"the tables' last dim R must be even and >= 2, got {r}")
+    return r
+
+
+def _table_rope(xs, names, cos, sin, layout, interleaved, inverse, outs, inplace, stream):
+    from . import api
+    src = _SOURCES.get((layout, bool(interleaved)))
+    if src is None:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    if outs is None and not inplace:  # the fast path: new outputs only (nothing can overlap)
+        res = api._fast_path(xs, src, inverse, cos, 0, sin, None, False, stream)
+        if res is not None:
+            return res
+    cinfo, sinfo = describe(cos, "cos"), describe(sin, "sin")
+    if cinfo.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"cos must have dtype float32, float16 or bfloat16, got {cinfo.dtype}")
+    r = _rotary_dim(cinfo)
+    infos, out_infos, (b, s, d) = api._validate_call(xs, names, _Geometry(layout, r), outs,
+                                                     inplace)
+    tstrides = _check_tables(cinfo, sinfo, infos[0], b, s, layout)
+    for o in out_infos or ():
+        for t, name in ((cinfo, "cos"), (sinfo, "sin")):
+            if overlaps(o, t):
+                raise ValueError(f"an output overlaps {name}")
+    if all(i.size == 0 for i in infos):
+        return api._empty_result(infos, out_infos)
+    if infos[0].device < 0:
+        return _numpy_backend(infos, out_infos, cinfo, sinfo, layout, interleaved, inverse)
+    key = (api._fast_key(infos[0].kind, xs, src, inverse, cos, sin, None, False, stream)
+           if outs is None and not inplace else None)
+    return _gpu_backend(src, infos, out_infos, cinfo, sinfo, tstrides, r, inverse, (b, s, d),
+                        stream, key)
+
+
+def _numpy_backend(infos, out_infos, cinfo, sinfo, layout, interleaved, inverse):
+    """HF's formula in float64 with PyTorch's roundings (reference.rotate_with_tables)."""
+    from .api import _from_numpy, _to_canon, _to_numpy
+
+    def table(info):
+        t = _to_numpy(info)
+        t = t[None] if t.ndim == 2 else t   # [S, R] / [T, R] -> [1, S, R]
+        return t[:, :, None, :]             # [B or 1, S, 1, R]
+
+    cos, sin = table(cinfo), table(sinfo)
+    results = []
+    for info in infos:
+        x = _to_numpy(info)
+        y = reference.rotate_with_tables(_to_canon(x, layout), cos, sin, interleaved=interleaved,
+                                         inverse=inverse, dtype=x.dtype)
+        y = y[0] if layout == "thd" else (y.transpose(0, 2, 1, 3) if layout == "bhsd" else y)
+        results.append(reference.round_to_dtype(y, x.dtype))
+    if out_infos is None:
+        return tuple(_from_numpy(info, y) for info, y in zip(infos, results))
+    for o, y in zip(out_infos, results):  # all computed before any is written
+        _to_numpy(o)[...] = y
+    return tuple(o.obj for o in out_infos)
+
+
+def _gpu_backend(src, infos, out_infos, cinfo, sinfo, tstrides, r, inverse, bsd, stream,
+                 cache_key):
+    from . import api
+    from ._launch import make_plan
+
+    b, s, d = bsd
+    device = infos[0].device
+    stream_ptr = api._stream_ptr(stream, infos[0])
+    copy_rest, outs_given, out_infos = api._outputs(infos, out_infos)
+    gkey = ("T", threading.get_ident(), inverse, copy_rest, device, tuple(cinfo.shape), tstrides,
+            cinfo.ptr % 16, sinfo.ptr % 16,
+            tuple((i.dtype, tuple(i.shape), i.strides, i.ptr % 16) for i in infos),
+            tuple((o.strides, o.ptr % 16) for o in out_infos))
+    entry = src._plans.get(gkey)
+    if entry is None:
+        plan = make_plan(
+            device=device, dtype=infos[0].dtype, interleaved=src.interleaved,
+            plans=api._tensor_plans(infos, out_infos, src.layout), n_batch=b, n_seq=s,
+            head_dim=d, rot_dim=r, copy_rest=copy_rest, pos=None, seq_off=None, inv_freq_ptr=0,
+            freq_sh=0, stream_map_ptr=0, scale=1.0, sin_sign=-1.0 if inverse else 1.0,
+            table=(cinfo.ptr, sinfo.ptr) + tstrides)
+        src._plans[gkey] = (plan, None)
+    else:
+        plan = entry[0]
+    return api._run_plan(plan, src, infos, out_infos, outs_given, stream_ptr, cinfo.ptr,
+                         sinfo.ptr, 0, cache_key)
