@@ -14,7 +14,8 @@ import time
 
 import torch
 
-from cuprope.bench import SHAPES, decode_host_and_kernel, format_table, run_case
+from cuprope.bench import (SCHEME_OPS, SHAPES, decode_host_and_kernel, format_table, run_case,
+                           run_scheme_case)
 
 PEER_CASES = {("llama3-8b", "bf16"), ("llama3-8b", "fp32"), ("llama3-8b", "fp16"),
               ("seq32k", "bf16"), ("mha-d64", "bf16")}
@@ -52,6 +53,9 @@ def main():
         rows += run_case(shape, SHAPES[shape], op, dt, peers=peers, reps=reps)
         print(f"[{n + 1}/{len(plan)}] {shape} {op} {dt} ({time.time() - t0:.0f} s)", file=sys.stderr,
               flush=True)
+    for op in SCHEME_OPS:  # frequency schemes and LRPE on the Llama-3-8B prefill shape
+        for dt in dtypes:
+            rows += run_scheme_case("llama3-8b", SHAPES["llama3-8b"], op, dt, reps=reps)
     extra = {}
     for b in (1, 256):
         h, k = decode_host_and_kernel("bf16", batch=b)

@@ -171,6 +171,61 @@ def run_case(name, shape, op, dtype_name, peers=True, sets=2, reps=30):
     return rows
 
 
+SCHEME_OPS = ("yarn", "mrope", "lrpe_silu")
+
+
+def run_scheme_case(name, shape, op, dtype_name, sets=2, reps=30):
+    """Rows for a frequency scheme on the fused q/k forward (out-of-place):
+    YaRN (Qwen2.5's config block: a scaled table and a cos/sin scale), Qwen2-VL
+    MRoPE (three position streams [3, B, S]) and LRPE (one tensor, per-head θ,
+    SiLU before the rotation; bytes: x read, o written)."""
+    import numpy as np
+
+    import cuprope
+    from cuprope import lrpe, scaling
+    torch = _torch()
+    dt = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype_name]
+    b, s, hq, hk, d, r = shape
+    esz = torch.empty((), dtype=dt).element_size()
+    bufs = [(torch.randn(b, s, hq, d, device="cuda", dtype=dt),
+             torch.randn(b, s, hk, d, device="cuda", dtype=dt)) for _ in range(sets)]
+    outs = [(torch.empty_like(q), torch.empty_like(k)) for q, k in bufs]
+    i = [0]
+
+    def pick():
+        j = i[0] % sets
+        i[0] += 1
+        return j
+
+    if op == "lrpe_silu":
+        nbytes = 2 * b * s * hq * d * esz
+        theta = np.random.default_rng(0).uniform(0.01, 1.0, (hq, d // 2))
+
+        def ours():
+            j = pick()
+            lrpe.rotate_1d_forward(bufs[j][0], theta, act="silu", out=outs[j][0])
+    else:
+        nbytes = 2 * b * s * (hq + hk) * d * esz
+        pos = None
+        if op == "yarn":
+            cfg = scaling.rope_config_from_hf({
+                "rope_theta": 1e6, "head_dim": d, "max_position_embeddings": 131072,
+                "rope_scaling": {"rope_type": "yarn", "factor": 4.0,
+                                 "original_max_position_embeddings": 32768}})
+        else:
+            cfg = scaling.mrope_config([d // 8, 3 * d // 16, 3 * d // 16], base=1e6)
+            pos = torch.randint(0, 4096, (3, b, s), device="cuda", dtype=torch.int32)
+
+        def ours():
+            j = pick()
+            cuprope.rope_qk_forward(*bufs[j], cfg, positions=pos, out=outs[j])
+    src = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    t_copy = time_gpu(lambda: dst.copy_(src), reps=reps)
+    return [Row(name, op, dtype_name, "copy", shape, nbytes, t_copy, t_copy),
+            Row(name, op, dtype_name, "cuprope", shape, nbytes, time_gpu(ours, reps=reps), t_copy)]
+
+
 _PEERS = (("liger_kernel", "liger-kernel"), ("flash_attn", "flash-attention"),
           ("flashinfer", "FlashInfer"))
 

@@ -97,7 +97,7 @@ class RopeConfig:
         self.stream_map = smap
         self.n_streams = n_streams
         self._device_tables = {}
-        self._plans = {}  # launch plans of the torch fast path (cuprope/api.py)
+        self._plans = {}  # launch plans, by call signature (cuprope/api.py, lrpe.py)
         self.key = next(_KEYS)  # stable integer handle (custom ops pass configs by key)
         _REGISTRY[self.key] = self
 
