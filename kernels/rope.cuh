@@ -566,6 +566,25 @@ __device__ __forceinline__ void softmax_head_rows(const RopeArgs& a, const float
   }
 }
 
+// The chunk's VEC (cos, sin) pairs from the warp's shared-memory slice, in
+// 16-byte loads the compiler may not hoist out of the head loop (asm
+// volatile): holding them costs 2·VEC registers per lane for the whole loop.
+template <int VEC>
+__device__ __forceinline__ void reload_cs(const float2* src, float2* cs) {
+  if constexpr (VEC % 2 == 0) {
+    const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(src));
+#pragma unroll
+    for (int v = 0; v < VEC; v += 2) {
+      asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];"
+                   : "=f"(cs[v].x), "=f"(cs[v].y), "=f"(cs[v + 1].x), "=f"(cs[v + 1].y)
+                   : "r"(addr + 8 * v));
+    }
+  } else {
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) cs[v] = src[v];
+  }
+}
+
 // Each warp owns one (token, head group): heads [g*heads_per_group, ...) of the
 // concatenated head list (q heads, then k heads). A lane owns one chunk (VEC
 // pairs of a head, or pass-through elements when copying dims >= R); the warp
@@ -721,8 +740,7 @@ __global__ void __launch_bounds__(kThreads, (SRC == kSrcShared && ACT == kActNon
             for (int v = 0; v < VEC; ++v) cs[v] = pair_cos_sin(a, b, s, c * VEC + v, hh);
           } else if constexpr (!TABLE) {
             if (CUPROPE_CS_SMEM) {  // re-read per row: fewer registers held
-#pragma unroll
-              for (int v = 0; v < VEC; ++v) cs[v] = my_cs[c * VEC + v];
+              reload_cs<VEC>(my_cs + c * VEC, cs);
             }
           }
           if constexpr (TABLE) {
