@@ -52,6 +52,7 @@ from collections import OrderedDict
 import numpy as np
 
 from ._arrays import describe
+from ._checks import as_float, as_int
 from .api import rope_backward, rope_forward
 from .config import RopeConfig, _host
 
@@ -146,19 +147,11 @@ def pair_streams(mode: int, n_pairs: int, sections=(0, 0, 0, 0)):
 
 
 def _int(v, name):
-    if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
-        raise TypeError(f"ggml rope: {name} must be an int, got {type(v).__name__}")
-    return int(v)
+    return as_int(v, name, "ggml rope: ")
 
 
 def _float(v, name):
-    try:
-        f = float(v)
-    except (TypeError, ValueError):
-        raise TypeError(f"ggml rope: {name} must be a number, got {type(v).__name__}") from None
-    if not math.isfinite(f):
-        raise ValueError(f"ggml rope: {name} must be finite, got {v}")
-    return f
+    return as_float(v, name, "ggml rope: ")
 
 
 def _check_params(head_dim, n_dims, mode, sections):

@@ -44,6 +44,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from ._checks import as_float, as_int
 from .config import RopeConfig
 
 __all__ = [
@@ -75,21 +76,14 @@ _ALIASES = {"mrope": "default", "su": "longrope"}
 # --------------------------------------------------------------------------- checks
 
 def _check_dim(dim, name="dim"):
-    if isinstance(dim, bool) or not isinstance(dim, (int, np.integer)):
-        raise TypeError(f"{name} must be an int, got {type(dim).__name__}")
+    dim = as_int(dim, name)
     if dim <= 0 or dim % 2:
         raise ValueError(f"{name} must be a positive even integer, got {dim}")
-    return int(dim)
+    return dim
 
 
 def _positive(value, name):
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        raise TypeError(f"{name} must be a number, got {type(value).__name__}") from None
-    if not math.isfinite(v) or v <= 0:
-        raise ValueError(f"{name} must be a positive finite number, got {value}")
-    return v
+    return as_float(value, name, positive=True)
 
 
 def _exponents(dim):
