@@ -13,9 +13,14 @@
 // before a precise fp32 sincosf, so the angle is exact to ~2e-7 rad at any
 // position below 2^31.
 //
+// A third angle source skips the angles: the caller's own cos/sin tables
+// ([B, S, R] in the element type, as Hugging Face models pass them), applied
+// with HF's formula and PyTorch's roundings (cuprope/tables.py).
+//
 // Compile-time parameters: element type T, pairing (interleaved (2i, 2i+1) or
-// half split (i, i + R/2)) and VEC, the number of pairs a thread owns, chosen
-// so a thread's loads are 16 bytes wide where alignment allows.
+// half split (i, i + R/2)), VEC, the number of pairs a thread owns, chosen
+// so a thread's loads are 16 bytes wide where alignment allows, and SRC, the
+// angle source (shared table, per-head table, cos/sin tables).
 //
 // The LRPE dialect (cuprope/lrpe.py, seed 000) reuses the same kernel: two
 // more template parameters, ACT (an activation applied to x before the
@@ -41,7 +46,8 @@ struct RopeArgs {
   long long n_batch, n_seq;  // tokens = n_batch * n_seq; token t -> (t / n_seq, t % n_seq)
   long long head_dim;        // D
   long long rot_dim;         // R (even, <= D)
-  long long copy_rest;       // 1: also copy dims [R, D) to the output (out-of-place)
+  long long copy_rest;       // packs per pass-through chunk copying dims [R, D) to the
+                             // output (1 or 2, out-of-place); 0: none (in-place)
   // positions (cos/sin tables for kSrcTable: see below)
   long long pos_ptr;         // 0: implicit position s
   long long pos_is64;
@@ -600,10 +606,10 @@ __device__ __forceinline__ void reload_cs(const float2* src, float2* cs) {
 //                per (token, chunk), and applied as PyTorch evaluates HF's
 //                formula (rotate_table).
 // Per head a lane then only advances a pointer, loads one or two 16-byte
-// packs, rotates and stores. The next row is loaded before the current one is
-// stored (software pipelining: the compiler may not reorder them itself since
-// out may alias in), and the first row's loads are issued before the cos/sin
-// computation so their latency overlaps it.
+// packs, rotates and stores. CUPROPE_PIPELINE (load the next row before
+// storing this one; the compiler may not reorder them itself since out may
+// alias in) and CUPROPE_EARLY (first loads before the cos/sin computation)
+// are measured-and-off tuning switches (see their definitions).
 //
 // ACT, BWD (LRPE, half split, one tensor, R = D): the activation is applied to
 // x before the rotation (BWD: dx = act'(x) * R^T dO with x read from aux_ptr).
