@@ -36,6 +36,8 @@ def sm_count(device: int) -> int:
 # Warps per block by element size (measured, benchmarks/NOTES.md).
 WARPS_PER_BLOCK = {2: int(tuning_defines().get("CUPROPE_WARPS16", 4)),
                    4: int(tuning_defines().get("CUPROPE_WARPS32", 8))}
+# Tuning hook: the widest vector width (pairs per lane) to use; 0 = no cap.
+MAX_VEC = int(tuning_defines().get("CUPROPE_MAX_VEC", 0))
 
 
 def _function(device, dtype, interleaved, vec, src, act=0, backward=False):
@@ -76,7 +78,7 @@ def pick_vec(dtype, plans, npairs, tail, n_batch, n_seq, widths=None) -> int:
             if n > 1:
                 acc |= a | b
     for vec in (vec_widths(dtype) if widths is None else widths):
-        if acc % vec == 0:
+        if acc % vec == 0 and (not MAX_VEC or vec <= MAX_VEC):
             return vec
     return 1
 
