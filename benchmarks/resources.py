@@ -2,7 +2,7 @@
 with no GPU: NVRTC compiles it for a real architecture with ptxas's verbose
 report in the program log.
 
-    python benchmarks/resources.py [--arch sm_90] [--family shared] [--defines "CUPROPE_PIPELINE=0"]
+    python benchmarks/resources.py [--arch sm_90] [--family shared] [--defines "CUPROPE_MIN_BLOCKS=3"]
 
 Needs cuda-bindings / cuda-pathfinder (the test extra)."""
 import argparse

@@ -1,6 +1,6 @@
 """Time kernel variants (compile-time defines) side by side, one process each.
 
-    python benchmarks/tune.py "CUPROPE_PIPELINE=0" "CUPROPE_ROWS16=2 CUPROPE_PIPELINE=0"
+    python benchmarks/tune.py "CUPROPE_MIN_BLOCKS=1" "CUPROPE_ROWS16=2 CUPROPE_MIN_BLOCKS=3"
 
 Each variant compiles with CUPROPE_KERNEL_DEFINES set (a separate CuPy cache
 entry) and runs benchmarks/quick_bench.py on the large shapes."""

@@ -131,7 +131,7 @@ def source_hash() -> str:
 
 def tuning_defines() -> dict[str, str]:
     """``-D`` overrides from the CUPROPE_KERNEL_DEFINES environment variable, a
-    tuning hook (benchmarks/tune.py), e.g. ``"CUPROPE_ROWS16=2 CUPROPE_PIPELINE=0"``."""
+    tuning hook (benchmarks/tune.py), e.g. ``"CUPROPE_ROWS16=2 CUPROPE_MIN_BLOCKS=3"``."""
     out = {}
     for tok in os.environ.get("CUPROPE_KERNEL_DEFINES", "").split():
         name, _, value = tok.partition("=")

@@ -86,6 +86,16 @@ def _positive(value, name):
     return as_float(value, name, positive=True)
 
 
+def _scaling_factor(factor, max_position_embeddings, orig, missing):
+    """``factor``, or max_position_embeddings / orig when it is None (``missing``:
+    the error when neither is given)."""
+    if factor is None:
+        if max_position_embeddings is None:
+            raise ValueError(missing)
+        factor = _positive(max_position_embeddings, "max_position_embeddings") / orig
+    return _positive(factor, "factor")
+
+
 def _exponents(dim):
     """2i/dim for i = 0 … dim/2 − 1 (HF: ``arange(0, dim, 2) / dim``), float64."""
     return np.arange(0, dim, 2, dtype=np.float64) / dim
@@ -156,12 +166,9 @@ def yarn_table(dim: int, base: float, factor: float | None = None, *,
     if base == 1.0:
         raise ValueError("yarn: base must not be 1 (the correction range divides by ln(base))")
     orig = _positive(original_max_position_embeddings, "original_max_position_embeddings")
-    if factor is None:
-        if max_position_embeddings is None:
-            raise ValueError("yarn: give factor, or max_position_embeddings so that factor = "
+    factor = _scaling_factor(factor, max_position_embeddings, orig,
+                             "yarn: give factor, or max_position_embeddings so that factor = "
                              "max_position_embeddings / original_max_position_embeddings")
-        factor = _positive(max_position_embeddings, "max_position_embeddings") / orig
-    factor = _positive(factor, "factor")
     beta_fast = _positive(beta_fast, "beta_fast")
     beta_slow = _positive(beta_slow, "beta_slow")
 
@@ -213,12 +220,10 @@ def longrope_table(dim: int, base: float, short_factor, long_factor, *,
     if not np.all(np.isfinite(ext)) or np.any(ext <= 0):
         raise ValueError(f"longrope: {which} entries must be positive and finite")
     if attention_factor is None:
-        if factor is None:
-            if max_position_embeddings is None:
-                raise ValueError("longrope: give factor, attention_factor, or max_position_embeddings "
-                                 "(factor = max_position_embeddings / original_max_position_embeddings)")
-            factor = _positive(max_position_embeddings, "max_position_embeddings") / orig
-        factor = _positive(factor, "factor")
+        factor = _scaling_factor(
+            factor, max_position_embeddings, orig,
+            "longrope: give factor, attention_factor, or max_position_embeddings "
+            "(factor = max_position_embeddings / original_max_position_embeddings)")
         if factor <= 1.0:
             attention_factor = 1.0
         else:

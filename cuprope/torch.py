@@ -101,6 +101,29 @@ class _RopeFunction(torch.autograd.Function):
 # ---------------------------------------------------------------- custom ops
 
 
+def _register_qk_autograd(op):
+    """Autograd for a custom op ``op(q, k, *args, inverse) -> (q', k')`` whose
+    gradient is the same op with ``inverse`` flipped: tensor arguments (or
+    None) are saved for the backward, the others kept as they are."""
+    def setup(ctx, inputs, output):
+        q, k, *args, inverse = inputs
+        ctx.tensor_at = [i for i, a in enumerate(args) if a is None or isinstance(a, torch.Tensor)]
+        ctx.save_for_backward(*(args[i] for i in ctx.tensor_at))
+        ctx.args = [None if i in ctx.tensor_at else a for i, a in enumerate(args)]
+        ctx.inverse = inverse
+        ctx.meta = ((q.shape, q.dtype, q.device), (k.shape, k.dtype, k.device))
+
+    def backward(ctx, gq, gk):
+        args = list(ctx.args)
+        for i, t in zip(ctx.tensor_at, ctx.saved_tensors):
+            args[i] = t
+        dq, dk = op(_zeros_if_none(gq, ctx.meta[0]), _zeros_if_none(gk, ctx.meta[1]), *args,
+                    not ctx.inverse)
+        return (dq, dk) + (None,) * (len(args) + 1)
+
+    op.register_autograd(backward, setup_context=setup)
+
+
 @torch.library.custom_op("cuprope::rope_qk", mutates_args=())
 def _rope_qk_op(q: torch.Tensor, k: torch.Tensor, config_key: int,
                 positions: Optional[torch.Tensor], seq_offsets: Optional[torch.Tensor],
@@ -115,22 +138,7 @@ def _(q, k, config_key, positions, seq_offsets, offset, inverse):
     return torch.empty_like(q), torch.empty_like(k)
 
 
-def _qk_setup(ctx, inputs, output):
-    q, k, config_key, positions, seq_offsets, offset, inverse = inputs
-    ctx.save_for_backward(positions, seq_offsets)
-    ctx.args = (config_key, offset, inverse)
-    ctx.meta = ((q.shape, q.dtype, q.device), (k.shape, k.dtype, k.device))
-
-
-def _qk_backward(ctx, gq, gk):
-    positions, seq_offsets = ctx.saved_tensors
-    config_key, offset, inverse = ctx.args
-    dq, dk = _rope_qk_op(_zeros_if_none(gq, ctx.meta[0]), _zeros_if_none(gk, ctx.meta[1]),
-                         config_key, positions, seq_offsets, offset, not inverse)
-    return dq, dk, None, None, None, None, None
-
-
-_rope_qk_op.register_autograd(_qk_backward, setup_context=_qk_setup)
+_register_qk_autograd(_rope_qk_op)
 
 
 @torch.library.custom_op("cuprope::rope", mutates_args=())
@@ -221,22 +229,7 @@ def _(q, k, cos, sin, layout, interleaved, inverse):
     return torch.empty_like(q), torch.empty_like(k)
 
 
-def _table_setup(ctx, inputs, output):
-    q, k, cos, sin, layout, interleaved, inverse = inputs
-    ctx.save_for_backward(cos, sin)
-    ctx.args = (layout, interleaved, inverse)
-    ctx.meta = ((q.shape, q.dtype, q.device), (k.shape, k.dtype, k.device))
-
-
-def _table_backward(ctx, gq, gk):
-    cos, sin = ctx.saved_tensors
-    layout, interleaved, inverse = ctx.args
-    dq, dk = _rope_qk_table_op(_zeros_if_none(gq, ctx.meta[0]), _zeros_if_none(gk, ctx.meta[1]),
-                               cos, sin, layout, interleaved, not inverse)
-    return dq, dk, None, None, None, None, None
-
-
-_rope_qk_table_op.register_autograd(_table_backward, setup_context=_table_setup)
+_register_qk_autograd(_rope_qk_table_op)
 
 
 def _rotate_half(x):

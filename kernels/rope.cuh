@@ -250,20 +250,6 @@ __device__ __forceinline__ void rotate_table(Pack<T, VEC>& p0, Pack<T, VEC>& p1,
   }
 }
 
-// Tuning switches (benchmarks/NOTES.md, measured on an H200). PIPELINE: load
-// the next row before storing the current one; EARLY: issue the first row's
-// loads before computing cos/sin. Both hold more registers and lost to the
-// plain loop (fewer registers, more resident warps), so they are off.
-#ifndef CUPROPE_PIPELINE
-#define CUPROPE_PIPELINE 0
-#endif
-#ifndef CUPROPE_EARLY
-#define CUPROPE_EARLY 0
-#endif
-// Read the chunk's cos/sin from shared memory per row instead of holding them.
-#ifndef CUPROPE_CS_SMEM
-#define CUPROPE_CS_SMEM 0
-#endif
 // Blocks of kThreads that must fit an SM at once, for the plain shared-angle
 // kernels (the hot path): 4 caps them at 64 registers, with no spills, so
 // 32 warps stay resident. The other instantiations would spill under it.
@@ -572,25 +558,6 @@ __device__ __forceinline__ void softmax_head_rows(const RopeArgs& a, const float
   }
 }
 
-// The chunk's VEC (cos, sin) pairs from the warp's shared-memory slice, in
-// 16-byte loads the compiler may not hoist out of the head loop (asm
-// volatile): holding them costs 2·VEC registers per lane for the whole loop.
-template <int VEC>
-__device__ __forceinline__ void reload_cs(const float2* src, float2* cs) {
-  if constexpr (VEC % 2 == 0) {
-    const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(src));
-#pragma unroll
-    for (int v = 0; v < VEC; v += 2) {
-      asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];"
-                   : "=f"(cs[v].x), "=f"(cs[v].y), "=f"(cs[v + 1].x), "=f"(cs[v + 1].y)
-                   : "r"(addr + 8 * v));
-    }
-  } else {
-#pragma unroll
-    for (int v = 0; v < VEC; ++v) cs[v] = src[v];
-  }
-}
-
 // Each warp owns one (token, head group): heads [g*heads_per_group, ...) of the
 // concatenated head list (q heads, then k heads). A lane owns one chunk (VEC
 // pairs of a head, or pass-through elements when copying dims >= R); the warp
@@ -606,10 +573,9 @@ __device__ __forceinline__ void reload_cs(const float2* src, float2* cs) {
 //                per (token, chunk), and applied as PyTorch evaluates HF's
 //                formula (rotate_table).
 // Per head a lane then only advances a pointer, loads one or two 16-byte
-// packs, rotates and stores. CUPROPE_PIPELINE (load the next row before
-// storing this one; the compiler may not reorder them itself since out may
-// alias in) and CUPROPE_EARLY (first loads before the cos/sin computation)
-// are measured-and-off tuning switches (see their definitions).
+// packs, rotates and stores. (Loading the next head before storing this one,
+// loading before the cos/sin computation and re-reading cos/sin per head were
+// measured and lost: benchmarks/NOTES.md 5, 10.)
 //
 // ACT, BWD (LRPE, half split, one tensor, R = D): the activation is applied to
 // x before the rotation (BWD: dx = act'(x) * R^T dO with x read from aux_ptr).
@@ -675,7 +641,7 @@ __global__ void __launch_bounds__(kThreads, (SRC == kSrcShared && ACT == kActNon
              : 2 * npairs + (c - rot_chunks) * VEC * cw;
     e1 = (rot && !INTERLEAVED) ? e0 + npairs : e0 + VEC;
   };
-  // load the rows h, h + rpw, ... (kRows of them) of chunk c
+  // load the rows h, h + rpw, ... (kRows of them) of chunk c (geometry() set e0, e1, two)
   auto load_rows = [&](int h, Pack<T, VEC> (&x)[kRows][2], Pack<T, VEC> (&xa)[kRows][2]) {
 #pragma unroll
     for (int u = 0; u < kRows; ++u) {
@@ -694,19 +660,13 @@ __global__ void __launch_bounds__(kThreads, (SRC == kSrcShared && ACT == kActNon
     }
   };
 
-  Pack<T, VEC> x[kRows][2];
-  [[maybe_unused]] Pack<T, VEC> xa[kRows][2];  // LRPE backward: x beside dO
-  if (CUPROPE_EARLY && active && c < chunks) {
-    geometry();
-    load_rows(h0 + sub, x, xa);
-  }
   if (SRC == kSrcShared) {
     for (int p = lane; p < npairs; p += 32) my_cs[p] = pair_cos_sin(a, b, s, p, 0);
     __syncwarp();
   }
   if (!active) return;
 
-  for (bool first = true; c < chunks; c += cpr, first = false) {
+  for (; c < chunks; c += cpr) {
     geometry();
     float2 cs[VEC];
     [[maybe_unused]] Pack<T, VEC> tc[2], ts[2];  // kSrcTable: cos and sin at e0 and e1
@@ -718,20 +678,14 @@ __global__ void __launch_bounds__(kThreads, (SRC == kSrcShared && ACT == kActNon
         ts[0] = load_pack<T, VEC>(a.seq_off_ptr, toff + e0);
         ts[1] = load_pack<T, VEC>(a.seq_off_ptr, toff + e1);
       } else if constexpr (!PER_HEAD) {
-        if (!CUPROPE_CS_SMEM) {
 #pragma unroll
-          for (int v = 0; v < VEC; ++v) cs[v] = my_cs[c * VEC + v];
-        }
+        for (int v = 0; v < VEC; ++v) cs[v] = my_cs[c * VEC + v];
       }
     }
     for (int h = h0 + sub; h < h1; h += step) {
-      // rows already in registers: loaded early (first row of the first
-      // chunk) or by the previous trip (pipelined)
-      const bool loaded = h == h0 + sub ? (CUPROPE_EARLY && first) : CUPROPE_PIPELINE;
-      if (!loaded) load_rows(h, x, xa);
-      Pack<T, VEC> nx[kRows][2];
-      [[maybe_unused]] Pack<T, VEC> nxa[kRows][2];
-      if (CUPROPE_PIPELINE && h + step < h1) load_rows(h + step, nx, nxa);
+      Pack<T, VEC> x[kRows][2];
+      [[maybe_unused]] Pack<T, VEC> xa[kRows][2];  // LRPE backward: x beside dO
+      load_rows(h, x, xa);
 #pragma unroll
       for (int u = 0; u < kRows; ++u) {
         const int hu = h + u * rpw;
@@ -744,10 +698,6 @@ __global__ void __launch_bounds__(kThreads, (SRC == kSrcShared && ACT == kActNon
           if constexpr (PER_HEAD) {
 #pragma unroll
             for (int v = 0; v < VEC; ++v) cs[v] = pair_cos_sin(a, b, s, c * VEC + v, hh);
-          } else if constexpr (!TABLE) {
-            if (CUPROPE_CS_SMEM) {  // re-read per row: fewer registers held
-              reload_cs<VEC>(my_cs + c * VEC, cs);
-            }
           }
           if constexpr (TABLE) {
             rotate_table<T, INTERLEAVED, VEC>(x[u][0], x[u][1], tc, ts, a.sin_sign < 0.0);
@@ -760,17 +710,6 @@ __global__ void __launch_bounds__(kThreads, (SRC == kSrcShared && ACT == kActNon
         }
         store_pack<T, VEC>(ptr, off + e0, x[u][0]);
         if (two) store_pack<T, VEC>(ptr, off + e1, x[u][1]);
-      }
-      if (CUPROPE_PIPELINE) {
-#pragma unroll
-        for (int u = 0; u < kRows; ++u) {
-          x[u][0] = nx[u][0];
-          x[u][1] = nx[u][1];
-          if constexpr (BWD) {
-            xa[u][0] = nxa[u][0];
-            xa[u][1] = nxa[u][1];
-          }
-        }
       }
     }
   }
