@@ -13,6 +13,9 @@ variants = sys.argv[1:] or [""]
 for v in variants:
     env = dict(os.environ, CUPROPE_KERNEL_DEFINES=v)
     print(f"=== variant: {v or 'default'}", flush=True)
-    subprocess.run([sys.executable, os.path.join(here, "quick_bench.py"), "--shapes",
-                    os.environ.get("TUNE_SHAPES", "llama,d64"), "--dtypes",
-                    os.environ.get("TUNE_DTYPES", "bf16,fp32"), "--tag", v], env=env, check=False)
+    cmd = [sys.executable, os.path.join(here, "quick_bench.py"),
+           "--shapes", os.environ.get("TUNE_SHAPES", "llama,d64"),
+           "--dtypes", os.environ.get("TUNE_DTYPES", "bf16,fp32"), "--tag", v]
+    if os.environ.get("TUNE_DECODE"):  # also the decode B 1 kernel time
+        cmd.append("--decode")
+    subprocess.run(cmd, env=env, check=False)

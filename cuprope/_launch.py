@@ -13,7 +13,7 @@ from ._loader import (ITEMSIZE, MODULES, SRC_PER_HEAD, SRC_SHARED, SRC_TABLE, fa
                       kernel_name, lrpe_vec_widths, seq_stats_kernel_name, tuning_defines,
                       vec_widths)
 
-SMEM_LIMIT = 32 * 1024
+SMEM_LIMIT = 48 * 1024  # per block, the most a launch gets without opting in
 
 # Mirrors struct RopeArgs in kernels/rope.cuh: 34 int64, 2 float64, 2 int64,
 # then the LRPE fields (aux_ptr, aux strides x3, stats_ptr, stats_plane).
@@ -38,6 +38,28 @@ WARPS_PER_BLOCK = {2: int(tuning_defines().get("CUPROPE_WARPS16", 4)),
                    4: int(tuning_defines().get("CUPROPE_WARPS32", 8))}
 # Tuning hook: the widest vector width (pairs per lane) to use; 0 = no cap.
 MAX_VEC = int(tuning_defines().get("CUPROPE_MAX_VEC", 0))
+# Depth of the shared-memory load ring of the plain shared-angle kernels with
+# 16-byte packs, by element size: kernels/rope.cuh CUPROPE_STAGES16/32 (the
+# same defaults; a test checks they agree).
+STAGES = {2: int(tuning_defines().get("CUPROPE_STAGES16", 3)),
+          4: int(tuning_defines().get("CUPROPE_STAGES32", 3))}
+SLOT_BYTES = 32 * 16  # one 16-byte pack per lane of a warp
+
+
+def ring_stages(itemsize, vec, src, act=0, backward_act=False) -> int:
+    """Stages of the per-warp load ring the kernel uses (0: none), as
+    rope_kernel's kStages decides it."""
+    if src == SRC_PER_HEAD or act or backward_act or itemsize * vec != 16:
+        return 0
+    return STAGES[itemsize]
+
+
+def ring_bytes(stages, src) -> int:
+    """Shared bytes of one warp's load ring: two packs per stage, and four
+    for the cos/sin-table packs (kernels/rope.cuh kSlots)."""
+    if not stages:
+        return 0
+    return (2 * stages + (4 if src == SRC_TABLE else 0)) * SLOT_BYTES
 
 
 def _function(device, dtype, interleaved, vec, src, act=0, backward=False):
@@ -83,13 +105,14 @@ def pick_vec(dtype, plans, npairs, tail, n_batch, n_seq, widths=None) -> int:
     return 1
 
 
-def grid_for(device, itemsize, npairs, chunks, htot, tokens, shared_cs):
+def grid_for(device, itemsize, npairs, chunks, htot, tokens, shared_cs, ring=0):
     """(grid, block, head groups per token, heads per group, shared bytes).
 
     One warp per (token, head group). A warp covers 32 // min(chunks, 32) heads
     per step; with few tokens the heads of a token are split over several warps
     so the GPU still fills (decode). ``shared_cs``: the warp keeps the token's
-    cos/sin in shared memory (the shared angle source)."""
+    cos/sin in shared memory (the shared angle source); ``ring``: the bytes
+    of its load ring (ring_bytes)."""
     rpw = 32 // min(chunks, 32)
     steps = -(-htot // rpw)                     # warp steps to cover all heads
     wpb = WARPS_PER_BLOCK[itemsize]
@@ -97,7 +120,7 @@ def grid_for(device, itemsize, npairs, chunks, htot, tokens, shared_cs):
     groups = max(1, min(steps, -(-want // tokens)))
     per_group = -(-steps // groups) * rpw
     groups = -(-htot // per_group)
-    smem_per_warp = npairs * 8 if shared_cs else 0
+    smem_per_warp = (npairs * 8 if shared_cs else 0) + ring
     while wpb > 1 and wpb * smem_per_warp > SMEM_LIMIT:
         wpb //= 2
     if smem_per_warp > SMEM_LIMIT:
@@ -202,9 +225,10 @@ def make_plan(*, device, dtype, interleaved, plans, n_batch, n_seq, head_dim, ro
     chunks = npairs // vec + (tail // (vec * copy_packs) if copy_packs else 0)
     heads = [p.heads for p in plans] + [0] * (2 - len(plans))
     src = SRC_TABLE if table is not None else (SRC_PER_HEAD if freq_sh else SRC_SHARED)
+    stages = ring_stages(ITEMSIZE[dtype], vec, src, act, backward_act)
     grid, block, groups, per_group, smem = grid_for(device, ITEMSIZE[dtype], npairs, chunks,
                                                     heads[0] + heads[1], n_batch * n_seq,
-                                                    src == SRC_SHARED)
+                                                    src == SRC_SHARED, ring_bytes(stages, src))
     p0 = plans[0]
     p1 = plans[1] if len(plans) > 1 else p0
     pos_is64, pss, psb, pst = pos if pos is not None else (0, 0, 0, 0)

@@ -104,6 +104,32 @@ __device__ __forceinline__ void store_pack(long long ptr, long long off, const P
   *reinterpret_cast<Pack<T, N>*>(reinterpret_cast<T*>(ptr) + off) = p;
 }
 
+// 16 bytes global -> shared with no register in between (cp.async, sm_80+;
+// a plain copy before). Completion is per thread: cp_async_wait<N>() returns
+// once at most N of this thread's committed groups are still in flight, and
+// makes the finished ones visible to this thread.
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+#if __CUDA_ARCH__ >= 800
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(gmem) : "memory");
+#else
+  *reinterpret_cast<uint4*>(smem) = *reinterpret_cast<const uint4*>(gmem);
+#endif
+}
+
+__device__ __forceinline__ void cp_async_commit() {
+#if __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+}
+
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+#if __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+#endif
+}
+
 // cos and sin of position * inv_freq, the product formed in float64 and
 // reduced to [-pi, pi] with a two-constant Cody-Waite step (2*pi = HI + LO).
 // The reduced angle is then exact to ~1e-15, and rounding it to fp32 costs at
@@ -140,14 +166,24 @@ __device__ __forceinline__ long long token_position(const RopeArgs& a, unsigned 
 }
 
 // (cos, sin) of pair j for the token at (b, s) and head row `frow` of the
-// frequency table, with scale and sin sign applied.
+// frequency table, with scale and sin sign applied. pos0: the token's position
+// in stream 0, which every pair uses when there is no stream map (callers
+// looping over heads load it once).
 __device__ __forceinline__ float2 pair_cos_sin(const RopeArgs& a, unsigned b, unsigned s, int j,
-                                               long long frow) {
-  const int stream = a.stream_map_ptr ? reinterpret_cast<const int*>(a.stream_map_ptr)[j] : 0;
+                                               long long frow, long long pos0) {
+  const long long pos =
+      a.stream_map_ptr
+          ? token_position(a, b, s, reinterpret_cast<const int*>(a.stream_map_ptr)[j])
+          : pos0;
   const double f = reinterpret_cast<const double*>(a.inv_freq_ptr)[frow * a.freq_sh + j];
-  const float2 cs = exact_cos_sin(token_position(a, b, s, stream), f);
+  const float2 cs = exact_cos_sin(pos, f);
   const float sc = static_cast<float>(a.scale);
   return make_float2(cs.x * sc, cs.y * sc * static_cast<float>(a.sin_sign));
+}
+
+__device__ __forceinline__ float2 pair_cos_sin(const RopeArgs& a, unsigned b, unsigned s, int j,
+                                               long long frow) {
+  return pair_cos_sin(a, b, s, j, frow, a.stream_map_ptr ? 0 : token_position(a, b, s, 0));
 }
 
 constexpr int kThreads = 256;  // most threads per block (whole warps)
@@ -162,28 +198,48 @@ constexpr int kThreads = 256;  // most threads per block (whole warps)
 #define CUPROPE_ROWS32 2
 #endif
 
-// Rotate pair (x1, x2) of a chunk held in two packs: pair v is (p0[v], p1[v])
-// for the half split and (e[2v], e[2v+1]) of the concatenation p0|p1 when
-// interleaved. Every index is a compile-time constant after unrolling.
+// Depth of the shared-memory ring the plain shared-angle kernels load through
+// when a pack is 16 bytes (0: load into registers, kRows rows per step): a
+// lane keeps this many heads minus one of its chunk in flight (NOTES.md 13).
+// The host sizes shared memory from the same values (cuprope/_launch.py).
+#ifndef CUPROPE_STAGES16
+#define CUPROPE_STAGES16 3
+#endif
+#ifndef CUPROPE_STAGES32
+#define CUPROPE_STAGES32 3
+#endif
+
+// Where pair v of a lane's chunk sits in its two packs: element i1 of pack k1
+// and element i2 of pack k2. Half split: (p0[v], p1[v]). Interleaved: pack 0
+// holds pairs [0, VEC/2) and pack 1 the rest, each as two adjacent elements;
+// with VEC == 1 the pair is the two one-element packs.
+struct Slot {
+  int k1, i1, k2, i2;
+};
+template <bool INTERLEAVED, int VEC>
+__device__ __forceinline__ constexpr Slot pair_slot(int v) {
+  if (!INTERLEAVED) return {0, v, 1, v};
+  if (VEC == 1) return {0, 0, 1, 0};
+  const int k = 2 * v < VEC ? 0 : 1;
+  return {k, (2 * v) % VEC, k, (2 * v) % VEC + 1};
+}
+
+// Rotate the pairs of a chunk held in two packs (pair_slot). cos/sin of pair
+// v: cs0[v], or cs1[v - VEC/2] for the interleaved pairs of pack 1. Every
+// index is a compile-time constant after unrolling.
 template <typename T, bool INTERLEAVED, int VEC>
-__device__ __forceinline__ void rotate_chunk(Pack<T, VEC>& p0, Pack<T, VEC>& p1, const float2* cs) {
+__device__ __forceinline__ void rotate_chunk(Pack<T, VEC>& p0, Pack<T, VEC>& p1,
+                                             const float2* cs0, const float2* cs1) {
 #pragma unroll
   for (int v = 0; v < VEC; ++v) {
-    T* e1;
-    T* e2;
-    if (INTERLEAVED) {
-      Pack<T, VEC>& p = (2 * v < VEC) ? p0 : p1;
-      const int i = (2 * v) % VEC;
-      e1 = &p.v[i];
-      e2 = &p.v[i + 1];
-    } else {
-      e1 = &p0.v[v];
-      e2 = &p1.v[v];
-    }
-    const float x1 = to_f32(*e1);
-    const float x2 = to_f32(*e2);
-    *e1 = from_f32<T>(x1 * cs[v].x - x2 * cs[v].y);
-    *e2 = from_f32<T>(x2 * cs[v].x + x1 * cs[v].y);
+    const Slot q = pair_slot<INTERLEAVED, VEC>(v);
+    T& e1 = (q.k1 == 0 ? p0 : p1).v[q.i1];
+    T& e2 = (q.k2 == 0 ? p0 : p1).v[q.i2];
+    const float2 cs = (INTERLEAVED && VEC > 1 && 2 * v >= VEC) ? cs1[v - VEC / 2] : cs0[v];
+    const float x1 = to_f32(e1);
+    const float x2 = to_f32(e2);
+    e1 = from_f32<T>(x1 * cs.x - x2 * cs.y);
+    e2 = from_f32<T>(x2 * cs.x + x1 * cs.y);
   }
 }
 
@@ -230,11 +286,8 @@ __device__ __forceinline__ void rotate_table(Pack<T, VEC>& p0, Pack<T, VEC>& p1,
                                              bool backward) {
 #pragma unroll
   for (int v = 0; v < VEC; ++v) {
-    // (pack, index) of the pair's two elements, as in rotate_chunk
-    const int k1 = INTERLEAVED ? (2 * v < VEC ? 0 : 1) : 0;
-    const int k2 = INTERLEAVED ? k1 : 1;
-    const int i1 = INTERLEAVED ? (2 * v) % VEC : v;
-    const int i2 = INTERLEAVED ? i1 + 1 : v;
+    const Slot q = pair_slot<INTERLEAVED, VEC>(v);
+    const int k1 = q.k1, i1 = q.i1, k2 = q.k2, i2 = q.i2;
     T& e1 = (k1 == 0 ? p0 : p1).v[i1];
     T& e2 = (k2 == 0 ? p0 : p1).v[i2];
     const T x1 = e1, x2 = e2;
@@ -588,7 +641,8 @@ __global__ void __launch_bounds__(kThreads, (SRC == kSrcShared && ACT == kActNon
   static_assert(ACT == kActNone || SRC != kSrcTable, "LRPE computes its angles");
   constexpr bool PER_HEAD = SRC == kSrcPerHead;
   constexpr bool TABLE = SRC == kSrcTable;
-  extern __shared__ float2 warp_cs[];  // [warps per block][R/2] (kSrcShared)
+  // [warps per block][R/2] cos/sin (kSrcShared), then the staged loads' rings
+  extern __shared__ float2 warp_cs[];
 
   const int npairs = static_cast<int>(a.rot_dim >> 1);
   const int rot_chunks = npairs / VEC;
@@ -620,6 +674,9 @@ __global__ void __launch_bounds__(kThreads, (SRC == kSrcShared && ACT == kActNon
     return;
   }
   constexpr int kRows = sizeof(T) == 4 ? CUPROPE_ROWS32 : CUPROPE_ROWS16;
+  constexpr int kStages = (SRC != kSrcPerHead && ACT == kActNone && sizeof(T) * VEC == 16)
+                              ? (sizeof(T) == 4 ? CUPROPE_STAGES32 : CUPROPE_STAGES16)
+                              : 0;
   const int step = kRows * rpw;  // heads a lane advances per trip
   const bool active = sub < rpw;  // lanes left over when cpr does not divide 32 idle
 
@@ -629,17 +686,31 @@ __global__ void __launch_bounds__(kThreads, (SRC == kSrcShared && ACT == kActNon
   const long long out_base1 = b * a.out_sb[1] + s * a.out_ss[1];
   const long long aux_base = b * a.aux_sb + s * a.aux_ss;
 
-  // element offsets of chunk c's packs; `two`: a second pack (every rotated
-  // chunk, and pass-through chunks of two packs)
+  // Element offsets of chunk c's packs; `two`: a second pack (every rotated
+  // chunk, and pass-through chunks of two packs). A region's chunks take its
+  // first half with their first pack and its second half with the second, so
+  // each load instruction of the warp covers whole contiguous sectors: rotated
+  // [0, R) splits at R/2 (interleaved too: pairs never straddle it, since
+  // R/2 is a multiple of VEC), pass-through [R, D) at its middle. The one
+  // exception, interleaved with one-element packs, keeps a pair's two
+  // elements side by side.
   int c = lane - sub * cpr;
   int e0 = 0, e1 = 0;  // within a head: D < 2^31
   bool rot = false, two = false;
   auto geometry = [&]() {
     rot = c < rot_chunks;
     two = rot || cw == 2;
-    e0 = rot ? (INTERLEAVED ? 2 * c * VEC : c * VEC)
-             : 2 * npairs + (c - rot_chunks) * VEC * cw;
-    e1 = (rot && !INTERLEAVED) ? e0 + npairs : e0 + VEC;
+    if (rot) {
+      e0 = (INTERLEAVED && VEC == 1) ? 2 * c : c * VEC;
+      e1 = (INTERLEAVED && VEC == 1) ? e0 + 1 : e0 + npairs;
+    } else {
+      e0 = 2 * npairs + (c - rot_chunks) * VEC;
+      e1 = e0 + (chunks - rot_chunks) * VEC;  // used when cw == 2
+    }
+  };
+  // the pair of the rotated chunk at pair_slot v (geometry() set e0, e1)
+  auto pair_at = [&](int v) {
+    return INTERLEAVED ? ((2 * v < VEC ? e0 : e1) + (2 * v) % VEC) / 2 : e0 + v;
   };
   // load the rows h, h + rpw, ... (kRows of them) of chunk c (geometry() set e0, e1, two)
   auto load_rows = [&](int h, Pack<T, VEC> (&x)[kRows][2], Pack<T, VEC> (&xa)[kRows][2]) {
@@ -660,11 +731,90 @@ __global__ void __launch_bounds__(kThreads, (SRC == kSrcShared && ACT == kActNon
     }
   };
 
+  if constexpr (kStages > 0) {
+    // Staged: lane slots (stage st, pack k) at ring[(2 * st + k) * 32] of the
+    // warp's ring, which follows the block's cos/sin slices (kSrcShared). Head
+    // h + j * rpw of the lane's chunk goes to stage j mod kStages, one commit
+    // group per head. kSrcTable: four more slots after the stages hold the
+    // chunk's cos (packs 0, 1) and sin (2, 3), one group issued first.
+    using P = Pack<T, VEC>;
+    constexpr int kSlots = 2 * kStages + (TABLE ? 4 : 0);
+    P* ring = reinterpret_cast<P*>(warp_cs + (TABLE ? 0 : (blockDim.x >> 5) * npairs)) +
+              (threadIdx.x >> 5) * (kSlots * 32) + lane;
+    [[maybe_unused]] P* tslot = ring + 2 * kStages * 32;
+    auto issue = [&](int h, int st) {
+      if (h < h1) {
+        const bool is_k = h >= heads0;
+        const T* src = reinterpret_cast<const T*>(is_k ? a.in_ptr[1] : a.in_ptr[0]) +
+                       (is_k ? in_base1 + (h - heads0) * a.in_sh[1] : in_base0 + h * a.in_sh[0]);
+        cp_async16(ring + 2 * st * 32, src + e0);
+        if (two) cp_async16(ring + (2 * st + 1) * 32, src + e1);
+      }
+      cp_async_commit();
+    };
+    auto prime = [&]() {
+      geometry();
+      if constexpr (TABLE) {
+        if (rot) {
+          const long long toff = b * a.pos_sb + s * a.pos_ss;
+          const T* tcos = reinterpret_cast<const T*>(a.pos_ptr) + toff;
+          const T* tsin = reinterpret_cast<const T*>(a.seq_off_ptr) + toff;
+          cp_async16(tslot, tcos + e0);
+          cp_async16(tslot + 32, tcos + e1);
+          cp_async16(tslot + 64, tsin + e0);
+          cp_async16(tslot + 96, tsin + e1);
+        }
+        cp_async_commit();
+      }
+#pragma unroll
+      for (int j = 0; j + 1 < kStages; ++j) issue(h0 + sub + j * rpw, j);
+    };
+    if (active) prime();  // in flight while the cos/sin are computed
+    if constexpr (!TABLE) {
+      for (int p = lane; p < npairs; p += 32) my_cs[p] = pair_cos_sin(a, b, s, p, 0);
+      __syncwarp();
+    }
+    if (!active) return;
+    for (bool primed = true; c < chunks; c += cpr, primed = false) {
+      if (!primed) prime();
+      // cos/sin (or the table packs) are re-read from shared memory per head:
+      // fewer registers, and the wait's memory clobber keeps the compiler
+      // from hoisting them
+      const float2* cs0 = my_cs + pair_at(0);
+      const float2* cs1 = my_cs + pair_at(VEC / 2);  // cs1[v - VEC/2]: pair_at(v)
+      int st = 0;
+      for (int h = h0 + sub; h < h1; h += rpw) {
+        issue(h + (kStages - 1) * rpw, st == 0 ? kStages - 1 : st - 1);
+        cp_async_wait<kStages - 1>();  // head h (and the tables) have landed
+        P x0 = ring[2 * st * 32], x1;
+        if (two) x1 = ring[(2 * st + 1) * 32];
+        if (rot) {
+          if constexpr (TABLE) {
+            const P tc[2] = {tslot[0], tslot[32]};
+            const P ts[2] = {tslot[64], tslot[96]};
+            rotate_table<T, INTERLEAVED, VEC>(x0, x1, tc, ts, a.sin_sign < 0.0);
+          } else {
+            rotate_chunk<T, INTERLEAVED, VEC>(x0, x1, cs0, cs1);
+          }
+        }
+        const bool is_k = h >= heads0;
+        const long long ptr = is_k ? a.out_ptr[1] : a.out_ptr[0];
+        const long long off =
+            is_k ? out_base1 + (h - heads0) * a.out_sh[1] : out_base0 + h * a.out_sh[0];
+        store_pack<T, VEC>(ptr, off + e0, x0);
+        if (two) store_pack<T, VEC>(ptr, off + e1, x1);
+        st = st + 1 == kStages ? 0 : st + 1;
+      }
+    }
+    return;
+  }
   if (SRC == kSrcShared) {
     for (int p = lane; p < npairs; p += 32) my_cs[p] = pair_cos_sin(a, b, s, p, 0);
     __syncwarp();
   }
   if (!active) return;
+  [[maybe_unused]] long long pos0 = 0;
+  if constexpr (PER_HEAD) pos0 = a.stream_map_ptr ? 0 : token_position(a, b, s, 0);
 
   for (; c < chunks; c += cpr) {
     geometry();
@@ -679,7 +829,7 @@ __global__ void __launch_bounds__(kThreads, (SRC == kSrcShared && ACT == kActNon
         ts[1] = load_pack<T, VEC>(a.seq_off_ptr, toff + e1);
       } else if constexpr (!PER_HEAD) {
 #pragma unroll
-        for (int v = 0; v < VEC; ++v) cs[v] = my_cs[c * VEC + v];
+        for (int v = 0; v < VEC; ++v) cs[v] = my_cs[pair_at(v)];
       }
     }
     for (int h = h0 + sub; h < h1; h += step) {
@@ -697,12 +847,12 @@ __global__ void __launch_bounds__(kThreads, (SRC == kSrcShared && ACT == kActNon
         if (rot) {
           if constexpr (PER_HEAD) {
 #pragma unroll
-            for (int v = 0; v < VEC; ++v) cs[v] = pair_cos_sin(a, b, s, c * VEC + v, hh);
+            for (int v = 0; v < VEC; ++v) cs[v] = pair_cos_sin(a, b, s, pair_at(v), hh, pos0);
           }
           if constexpr (TABLE) {
             rotate_table<T, INTERLEAVED, VEC>(x[u][0], x[u][1], tc, ts, a.sin_sign < 0.0);
           } else if constexpr (ACT == kActNone) {
-            rotate_chunk<T, INTERLEAVED, VEC>(x[u][0], x[u][1], cs);
+            rotate_chunk<T, INTERLEAVED, VEC>(x[u][0], x[u][1], cs, cs + VEC / 2);
           } else {
             const long long scol = (static_cast<long long>(b) * a.heads[0] + hh) * a.head_dim;
             lrpe_chunk<T, VEC, ACT, BWD>(a, x[u][0], x[u][1], xa[u][0], xa[u][1], cs, scol, e0, e1);

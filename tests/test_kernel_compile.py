@@ -1,5 +1,7 @@
 """Every kernel instantiation compiles with NVRTC for sm_80 and sm_90 on a
 machine with no GPU (NVRTC needs none), with the options CuPy is given."""
+import os
+
 import pytest
 
 from cuprope import _loader
@@ -68,3 +70,29 @@ def test_cache_key_covers_every_kernel_file(monkeypatch):
 
 def test_no_fast_math_option():
     assert not any("fast" in o for o in _loader.compile_options())
+
+
+@pytest.mark.skipif(bool(os.environ.get("CUPROPE_KERNEL_DEFINES")),
+                    reason="a tuning run overrides the defaults")
+def test_ring_depth_defaults_agree_with_the_host():
+    """The host sizes each block's shared memory from the ring depth the kernel
+    compiles with (kernels/rope.cuh CUPROPE_STAGES16/32): same defaults, and
+    the same rule for which instantiations load through the ring."""
+    import re
+
+    from cuprope import _launch as launch
+    src = _loader.kernel_sources()["rope.cuh"]
+    for size, macro in ((2, "CUPROPE_STAGES16"), (4, "CUPROPE_STAGES32")):
+        default = int(re.search(rf"#define {macro} (\d+)", src).group(1))
+        assert launch.STAGES[size] == default
+        assert launch.ring_stages(size, 16 // size, _loader.SRC_SHARED) == default
+    # narrower packs, other angle sources and the LRPE dialect load into registers
+    assert launch.ring_stages(2, 4, _loader.SRC_SHARED) == 0
+    assert launch.ring_stages(2, 8, _loader.SRC_PER_HEAD) == 0
+    assert launch.ring_stages(2, 8, _loader.SRC_TABLE) == launch.STAGES[2]
+    assert launch.ring_bytes(3, _loader.SRC_TABLE) == (2 * 3 + 4) * 32 * 16
+    assert launch.ring_bytes(3, _loader.SRC_SHARED) == 2 * 3 * 32 * 16
+    assert launch.ring_stages(2, 8, _loader.SRC_SHARED, act=3) == 0
+    assert launch.ring_stages(2, 8, _loader.SRC_SHARED, backward_act=True) == 0
+    assert "SRC != kSrcPerHead && ACT == kActNone && sizeof(T) * VEC == 16" in src
+    assert "2 * kStages + (TABLE ? 4 : 0)" in src
