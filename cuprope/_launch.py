@@ -38,6 +38,15 @@ WARPS_PER_BLOCK = {2: int(tuning_defines().get("CUPROPE_WARPS16", 4)),
                    4: int(tuning_defines().get("CUPROPE_WARPS32", 8))}
 # Tuning hook: the widest vector width (pairs per lane) to use; 0 = no cap.
 MAX_VEC = int(tuning_defines().get("CUPROPE_MAX_VEC", 0))
+# The most warp steps (32 // min(chunks, 32) heads each) one warp takes per
+# token, by angle source; 0 = no cap. Measured on an H200 (benchmarks/NOTES.md
+# 16): short warps fill the GPU evenly to the end of the launch, but each warp
+# pays the cos/sin (or table) prologue, so 1 step loses and 3 wins for the
+# computed angles; the table source re-reads its tables per warp and wants 5.
+# CUPROPE_MAX_STEPS (a tuning hook) overrides both.
+MAX_STEPS = {SRC_SHARED: 3, SRC_PER_HEAD: 3, SRC_TABLE: 5}
+if "CUPROPE_MAX_STEPS" in tuning_defines():
+    MAX_STEPS = dict.fromkeys(MAX_STEPS, int(tuning_defines()["CUPROPE_MAX_STEPS"]))
 # Depth of the shared-memory load ring of the plain shared-angle kernels with
 # 16-byte packs, by element size: kernels/rope.cuh CUPROPE_STAGES16/32 (the
 # same defaults; a test checks they agree).
@@ -105,19 +114,22 @@ def pick_vec(dtype, plans, npairs, tail, n_batch, n_seq, widths=None) -> int:
     return 1
 
 
-def grid_for(device, itemsize, npairs, chunks, htot, tokens, shared_cs, ring=0):
+def grid_for(device, itemsize, npairs, chunks, htot, tokens, shared_cs, ring=0, max_steps=0):
     """(grid, block, head groups per token, heads per group, shared bytes).
 
     One warp per (token, head group). A warp covers 32 // min(chunks, 32) heads
     per step; with few tokens the heads of a token are split over several warps
     so the GPU still fills (decode). ``shared_cs``: the warp keeps the token's
     cos/sin in shared memory (the shared angle source); ``ring``: the bytes
-    of its load ring (ring_bytes)."""
+    of its load ring (ring_bytes); ``max_steps``: the most steps per warp (0:
+    no cap)."""
     rpw = 32 // min(chunks, 32)
     steps = -(-htot // rpw)                     # warp steps to cover all heads
     wpb = WARPS_PER_BLOCK[itemsize]
     want = 16 * sm_count(device) * wpb
     groups = max(1, min(steps, -(-want // tokens)))
+    if max_steps:
+        groups = max(groups, -(-steps // max_steps))
     per_group = -(-steps // groups) * rpw
     groups = -(-htot // per_group)
     smem_per_warp = (npairs * 8 if shared_cs else 0) + ring
@@ -228,7 +240,8 @@ def make_plan(*, device, dtype, interleaved, plans, n_batch, n_seq, head_dim, ro
     stages = ring_stages(ITEMSIZE[dtype], vec, src, act, backward_act)
     grid, block, groups, per_group, smem = grid_for(device, ITEMSIZE[dtype], npairs, chunks,
                                                     heads[0] + heads[1], n_batch * n_seq,
-                                                    src == SRC_SHARED, ring_bytes(stages, src))
+                                                    src == SRC_SHARED, ring_bytes(stages, src),
+                                                    MAX_STEPS[src])
     p0 = plans[0]
     p1 = plans[1] if len(plans) > 1 else p0
     pos_is64, pss, psb, pst = pos if pos is not None else (0, 0, 0, 0)
