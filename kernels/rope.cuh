@@ -652,7 +652,7 @@ __global__ void __launch_bounds__(kThreads, (SRC == kSrcShared && ACT == kActNon
   const int cpr = min(chunks, 32);
   const int rpw = 32 / cpr;
   const int lane = threadIdx.x & 31;
-  const int sub = lane / cpr;
+  const int sub = static_cast<int>(static_cast<unsigned>(lane) / static_cast<unsigned>(cpr));
   const int heads0 = static_cast<int>(a.heads[0]);
   const int htot = heads0 + static_cast<int>(a.heads[1]);
   const unsigned groups = static_cast<unsigned>(a.head_groups);
@@ -665,11 +665,17 @@ __global__ void __launch_bounds__(kThreads, (SRC == kSrcShared && ACT == kActNon
   const unsigned b = tok / n_seq;
   const unsigned s = tok - b * n_seq;
   float2* my_cs = warp_cs + (threadIdx.x >> 5) * npairs;
+  // the token's position in stream 0: loaded once, not once per pair (with
+  // few tokens, as in decode, the launch is one dependent chain of loads)
+  auto stream0_position = [&]() { return a.stream_map_ptr ? 0 : token_position(a, b, s, 0); };
+  // this lane's share of the token's cos/sin into the warp's slice (kSrcShared)
+  auto warp_cos_sin = [&]() {
+    const long long pos0 = stream0_position();
+    for (int p = lane; p < npairs; p += 32) my_cs[p] = pair_cos_sin(a, b, s, p, 0, pos0);
+    __syncwarp();
+  };
   if constexpr (ACT == kActSoftmax) {  // every lane stays: the row reductions shuffle
-    if (!PER_HEAD) {
-      for (int p = lane; p < npairs; p += 32) my_cs[p] = pair_cos_sin(a, b, s, p, 0);
-      __syncwarp();
-    }
+    if (!PER_HEAD) warp_cos_sin();
     softmax_head_rows<T, VEC, PER_HEAD, BWD>(a, my_cs, b, s, h0, h1, npairs, chunks, cpr, rpw, lane);
     return;
   }
@@ -770,10 +776,7 @@ __global__ void __launch_bounds__(kThreads, (SRC == kSrcShared && ACT == kActNon
       for (int j = 0; j + 1 < kStages; ++j) issue(h0 + sub + j * rpw, j);
     };
     if (active) prime();  // in flight while the cos/sin are computed
-    if constexpr (!TABLE) {
-      for (int p = lane; p < npairs; p += 32) my_cs[p] = pair_cos_sin(a, b, s, p, 0);
-      __syncwarp();
-    }
+    if constexpr (!TABLE) warp_cos_sin();
     if (!active) return;
     for (bool primed = true; c < chunks; c += cpr, primed = false) {
       if (!primed) prime();
@@ -808,13 +811,10 @@ __global__ void __launch_bounds__(kThreads, (SRC == kSrcShared && ACT == kActNon
     }
     return;
   }
-  if (SRC == kSrcShared) {
-    for (int p = lane; p < npairs; p += 32) my_cs[p] = pair_cos_sin(a, b, s, p, 0);
-    __syncwarp();
-  }
+  if (SRC == kSrcShared) warp_cos_sin();
   if (!active) return;
   [[maybe_unused]] long long pos0 = 0;
-  if constexpr (PER_HEAD) pos0 = a.stream_map_ptr ? 0 : token_position(a, b, s, 0);
+  if constexpr (PER_HEAD) pos0 = stream0_position();
 
   for (; c < chunks; c += cpr) {
     geometry();
