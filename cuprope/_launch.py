@@ -40,10 +40,12 @@ WARPS_PER_BLOCK = {2: int(tuning_defines().get("CUPROPE_WARPS16", 4)),
 MAX_VEC = int(tuning_defines().get("CUPROPE_MAX_VEC", 0))
 # The most warp steps (32 // min(chunks, 32) heads each) one warp takes per
 # token, by angle source; 0 = no cap. Measured on an H200 (benchmarks/NOTES.md
-# 16): short warps fill the GPU evenly to the end of the launch, but each warp
-# pays the cos/sin (or table) prologue, so 1 step loses and 3 wins for the
+# 16, 18): short warps fill the GPU evenly to the end of the launch, but each
+# warp pays the cos/sin (or table) prologue, so 1 step loses and 3 wins for the
 # computed angles; the table source re-reads its tables per warp and wants 5.
-# CUPROPE_MAX_STEPS (a tuning hook) overrides both.
+# The shared source's prologue grows with R and with a stream map (MRoPE), and
+# its cap with it (steps_cap). CUPROPE_MAX_STEPS (a tuning hook) overrides the
+# base caps.
 MAX_STEPS = {SRC_SHARED: 3, SRC_PER_HEAD: 3, SRC_TABLE: 5}
 if "CUPROPE_MAX_STEPS" in tuning_defines():
     MAX_STEPS = dict.fromkeys(MAX_STEPS, int(tuning_defines()["CUPROPE_MAX_STEPS"]))
@@ -53,6 +55,17 @@ if "CUPROPE_MAX_STEPS" in tuning_defines():
 STAGES = {2: int(tuning_defines().get("CUPROPE_STAGES16", 3)),
           4: int(tuning_defines().get("CUPROPE_STAGES32", 3))}
 SLOT_BYTES = 32 * 16  # one 16-byte pack per lane of a warp
+
+
+def steps_cap(src, npairs, stream_map) -> int:
+    """The most warp steps per token (0: no cap): MAX_STEPS, times the shared
+    source's cos/sin prologue per lane (one sincos per 32 pairs, a position
+    per stream per pair under a stream map) relative to R = 128 with one
+    stream."""
+    cap = MAX_STEPS[src]
+    if cap and src == SRC_SHARED:
+        cap *= -(-npairs // 64) * (2 if stream_map else 1)
+    return cap
 
 
 def ring_stages(itemsize, vec, src, act=0, backward_act=False) -> int:
@@ -241,7 +254,7 @@ def make_plan(*, device, dtype, interleaved, plans, n_batch, n_seq, head_dim, ro
     grid, block, groups, per_group, smem = grid_for(device, ITEMSIZE[dtype], npairs, chunks,
                                                     heads[0] + heads[1], n_batch * n_seq,
                                                     src == SRC_SHARED, ring_bytes(stages, src),
-                                                    MAX_STEPS[src])
+                                                    steps_cap(src, npairs, stream_map_ptr))
     p0 = plans[0]
     p1 = plans[1] if len(plans) > 1 else p0
     pos_is64, pss, psb, pst = pos if pos is not None else (0, 0, 0, 0)

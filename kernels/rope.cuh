@@ -188,9 +188,10 @@ __device__ __forceinline__ float2 pair_cos_sin(const RopeArgs& a, unsigned b, un
 
 constexpr int kThreads = 256;  // most threads per block (whole warps)
 
-// Rows (heads) each lane keeps in flight per step. Measured on an H200
-// (benchmarks/NOTES.md): one row for 16-bit types (fewer registers, more warps
-// resident), two for float32.
+// Rows (heads) each lane keeps in flight per step when it loads into
+// registers (no ring: narrower packs, the per-head source, LRPE). Measured on
+// an H200 (benchmarks/NOTES.md 3): one row for 16-bit types (fewer registers,
+// more warps resident), two for float32.
 #ifndef CUPROPE_ROWS16
 #define CUPROPE_ROWS16 1
 #endif
@@ -198,9 +199,10 @@ constexpr int kThreads = 256;  // most threads per block (whole warps)
 #define CUPROPE_ROWS32 2
 #endif
 
-// Depth of the shared-memory ring the plain shared-angle kernels load through
-// when a pack is 16 bytes (0: load into registers, kRows rows per step): a
-// lane keeps this many heads minus one of its chunk in flight (NOTES.md 13).
+// Depth of the shared-memory ring the plain shared-angle and cos/sin-table
+// kernels load through when a pack is 16 bytes (0: load into registers, kRows
+// rows per step): a lane keeps this many heads minus one of its chunk in
+// flight (NOTES.md 13).
 // The host sizes shared memory from the same values (cuprope/_launch.py).
 #ifndef CUPROPE_STAGES16
 #define CUPROPE_STAGES16 3
@@ -224,18 +226,35 @@ __device__ __forceinline__ constexpr Slot pair_slot(int v) {
   return {k, (2 * v) % VEC, k, (2 * v) % VEC + 1};
 }
 
+// Where the warp's shared cos/sin slice keeps pair j: column-major over
+// groups of G pairs (G: the consecutive pairs a pack holds), so when the
+// lanes of a row read pair v of their chunks in one instruction they read
+// consecutive slots (no bank conflicts; a row-major slice had 4-way conflicts
+// at D 128 and 8-way at D 256). Slot j % G * (npairs / G) + j / G.
+template <bool INTERLEAVED, int VEC>
+__device__ __forceinline__ int cs_slot(int j, int npairs) {
+  constexpr int G = (INTERLEAVED && VEC > 1) ? VEC / 2 : VEC;
+  return (j % G) * (npairs / G) + j / G;
+}
+template <bool INTERLEAVED, int VEC>
+__device__ __forceinline__ int cs_stride(int npairs) {
+  return npairs / ((INTERLEAVED && VEC > 1) ? VEC / 2 : VEC);
+}
+
 // Rotate the pairs of a chunk held in two packs (pair_slot). cos/sin of pair
-// v: cs0[v], or cs1[v - VEC/2] for the interleaved pairs of pack 1. Every
-// index is a compile-time constant after unrolling.
+// v: cs0[v * stride], or cs1[(v - VEC/2) * stride] for the interleaved pairs
+// of pack 1 (stride 1 for registers; cs_slot's column stride in shared
+// memory).
 template <typename T, bool INTERLEAVED, int VEC>
 __device__ __forceinline__ void rotate_chunk(Pack<T, VEC>& p0, Pack<T, VEC>& p1,
-                                             const float2* cs0, const float2* cs1) {
+                                             const float2* cs0, const float2* cs1, int stride) {
 #pragma unroll
   for (int v = 0; v < VEC; ++v) {
     const Slot q = pair_slot<INTERLEAVED, VEC>(v);
     T& e1 = (q.k1 == 0 ? p0 : p1).v[q.i1];
     T& e2 = (q.k2 == 0 ? p0 : p1).v[q.i2];
-    const float2 cs = (INTERLEAVED && VEC > 1 && 2 * v >= VEC) ? cs1[v - VEC / 2] : cs0[v];
+    const float2 cs =
+        (INTERLEAVED && VEC > 1 && 2 * v >= VEC) ? cs1[(v - VEC / 2) * stride] : cs0[v * stride];
     const float x1 = to_f32(e1);
     const float x2 = to_f32(e2);
     e1 = from_f32<T>(x1 * cs.x - x2 * cs.y);
@@ -488,7 +507,8 @@ __device__ __forceinline__ void softmax_grad_chunk(const RopeArgs& a, const floa
   const Pack<T, VEC> d1 = load_pack<T, VEC>(a.in_ptr[0], g_off + npairs);
 #pragma unroll
   for (int v = 0; v < VEC; ++v) {
-    const float2 cs = PER_HEAD ? pair_cos_sin(a, b, s, c * VEC + v, h) : my_cs[c * VEC + v];
+    const float2 cs = PER_HEAD ? pair_cos_sin(a, b, s, c * VEC + v, h)
+                               : my_cs[cs_slot<false, VEC>(c * VEC + v, npairs)];
     const float o1 = to_f32(d0.v[v]);
     const float o2 = to_f32(d1.v[v]);
     g1[v] = o1 * cs.x - o2 * cs.y;  // cs.y = -sin: the transposed rotation
@@ -560,7 +580,8 @@ __device__ __forceinline__ void softmax_head_rows(const RopeArgs& a, const float
           for (int v = 0; v < VEC; ++v) {
             v1[v] = expf(to_f32(x0.v[v]) - ref) / sum;
             v2[v] = expf(to_f32(x1.v[v]) - ref) / sum;
-            cs[v] = PER_HEAD ? pair_cos_sin(a, b, s, c * VEC + v, h) : my_cs[c * VEC + v];
+            cs[v] = PER_HEAD ? pair_cos_sin(a, b, s, c * VEC + v, h)
+                             : my_cs[cs_slot<false, VEC>(c * VEC + v, npairs)];
           }
           Pack<T, VEC> o0, o1;
           rotate_f32<T, VEC>(v1, v2, cs, o0, o1);
@@ -618,17 +639,20 @@ __device__ __forceinline__ void softmax_head_rows(const RopeArgs& a, const float
 //
 // SRC, the angle source:
 //   kSrcShared:  the warp computes cos/sin once per (token, pair) into its
-//                slice of shared memory; each lane pulls its chunk's VEC values
-//                into registers and every head of q and k reuses them.
+//                slice of shared memory (cs_slot's layout); every head of q
+//                and k reuses them.
 //   kSrcPerHead: one frequency row per head (freq_sh != 0); cos/sin per
 //                (token, head, pair).
 //   kSrcTable:   cos and sin read from the caller's tables (HF layout), once
 //                per (token, chunk), and applied as PyTorch evaluates HF's
 //                formula (rotate_table).
 // Per head a lane then only advances a pointer, loads one or two 16-byte
-// packs, rotates and stores. (Loading the next head before storing this one,
-// loading before the cos/sin computation and re-reading cos/sin per head were
-// measured and lost: benchmarks/NOTES.md 5, 10.)
+// packs, rotates and stores. Where packs are 16 bytes and the source is not
+// per-head (kStages > 0), the loads go through a per-warp shared-memory ring
+// (cp.async), kStages - 1 heads ahead, the first ones issued before the
+// cos/sin are computed, and cos/sin (or the table packs) are re-read from
+// shared memory per head; otherwise the lane loads kRows heads into registers
+// (benchmarks/NOTES.md 13-17 for what each choice measured).
 //
 // ACT, BWD (LRPE, half split, one tensor, R = D): the activation is applied to
 // x before the rotation (BWD: dx = act'(x) * R^T dO with x read from aux_ptr).
@@ -671,7 +695,8 @@ __global__ void __launch_bounds__(kThreads, (SRC == kSrcShared && ACT == kActNon
   // this lane's share of the token's cos/sin into the warp's slice (kSrcShared)
   auto warp_cos_sin = [&]() {
     const long long pos0 = stream0_position();
-    for (int p = lane; p < npairs; p += 32) my_cs[p] = pair_cos_sin(a, b, s, p, 0, pos0);
+    for (int p = lane; p < npairs; p += 32)
+      my_cs[cs_slot<INTERLEAVED, VEC>(p, npairs)] = pair_cos_sin(a, b, s, p, 0, pos0);
     __syncwarp();
   };
   if constexpr (ACT == kActSoftmax) {  // every lane stays: the row reductions shuffle
@@ -783,8 +808,9 @@ __global__ void __launch_bounds__(kThreads, (SRC == kSrcShared && ACT == kActNon
       // cos/sin (or the table packs) are re-read from shared memory per head:
       // fewer registers, and the wait's memory clobber keeps the compiler
       // from hoisting them
-      const float2* cs0 = my_cs + pair_at(0);
-      const float2* cs1 = my_cs + pair_at(VEC / 2);  // cs1[v - VEC/2]: pair_at(v)
+      const float2* cs0 = my_cs + cs_slot<INTERLEAVED, VEC>(pair_at(0), npairs);
+      const float2* cs1 = my_cs + cs_slot<INTERLEAVED, VEC>(pair_at(VEC / 2), npairs);
+      const int cstride = cs_stride<INTERLEAVED, VEC>(npairs);
       int st = 0;
       for (int h = h0 + sub; h < h1; h += rpw) {
         issue(h + (kStages - 1) * rpw, st == 0 ? kStages - 1 : st - 1);
@@ -797,7 +823,7 @@ __global__ void __launch_bounds__(kThreads, (SRC == kSrcShared && ACT == kActNon
             const P ts[2] = {tslot[64], tslot[96]};
             rotate_table<T, INTERLEAVED, VEC>(x0, x1, tc, ts, a.sin_sign < 0.0);
           } else {
-            rotate_chunk<T, INTERLEAVED, VEC>(x0, x1, cs0, cs1);
+            rotate_chunk<T, INTERLEAVED, VEC>(x0, x1, cs0, cs1, cstride);
           }
         }
         const bool is_k = h >= heads0;
@@ -829,7 +855,7 @@ __global__ void __launch_bounds__(kThreads, (SRC == kSrcShared && ACT == kActNon
         ts[1] = load_pack<T, VEC>(a.seq_off_ptr, toff + e1);
       } else if constexpr (!PER_HEAD) {
 #pragma unroll
-        for (int v = 0; v < VEC; ++v) cs[v] = my_cs[pair_at(v)];
+        for (int v = 0; v < VEC; ++v) cs[v] = my_cs[cs_slot<INTERLEAVED, VEC>(pair_at(v), npairs)];
       }
     }
     for (int h = h0 + sub; h < h1; h += step) {
@@ -852,7 +878,7 @@ __global__ void __launch_bounds__(kThreads, (SRC == kSrcShared && ACT == kActNon
           if constexpr (TABLE) {
             rotate_table<T, INTERLEAVED, VEC>(x[u][0], x[u][1], tc, ts, a.sin_sign < 0.0);
           } else if constexpr (ACT == kActNone) {
-            rotate_chunk<T, INTERLEAVED, VEC>(x[u][0], x[u][1], cs, cs + VEC / 2);
+            rotate_chunk<T, INTERLEAVED, VEC>(x[u][0], x[u][1], cs, cs + VEC / 2, 1);
           } else {
             const long long scol = (static_cast<long long>(b) * a.heads[0] + hh) * a.head_dim;
             lrpe_chunk<T, VEC, ACT, BWD>(a, x[u][0], x[u][1], xa[u][0], xa[u][1], cs, scol, e0, e1);

@@ -96,3 +96,17 @@ def test_ring_depth_defaults_agree_with_the_host():
     assert launch.ring_stages(2, 8, _loader.SRC_SHARED, backward_act=True) == 0
     assert "SRC != kSrcPerHead && ACT == kActNone && sizeof(T) * VEC == 16" in src
     assert "2 * kStages + (TABLE ? 4 : 0)" in src
+
+
+def test_steps_cap_grows_with_the_prologue():
+    """The shared source's per-warp cos/sin work grows with R and with a stream
+    map, and the most steps a warp takes with it; other sources keep theirs."""
+    from cuprope import _launch as launch
+    base = launch.MAX_STEPS[_loader.SRC_SHARED]
+    if not base:
+        pytest.skip("no cap (tuning run)")
+    assert launch.steps_cap(_loader.SRC_SHARED, 64, 0) == base
+    assert launch.steps_cap(_loader.SRC_SHARED, 32, 0) == base
+    assert launch.steps_cap(_loader.SRC_SHARED, 128, 0) == 2 * base
+    assert launch.steps_cap(_loader.SRC_SHARED, 64, 0xdead) == 2 * base
+    assert launch.steps_cap(_loader.SRC_TABLE, 128, 0) == launch.MAX_STEPS[_loader.SRC_TABLE]
