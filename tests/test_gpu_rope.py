@@ -153,6 +153,27 @@ def host_t(t):
     return torch.from_numpy(host(t))
 
 
+@pytest.mark.parametrize("partial", [False, True], ids=["R=D", "R<D"])
+@pytest.mark.parametrize("interleaved", [False, True], ids=["half", "interleaved"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_wide_heads_loop_over_several_chunks_per_lane(dtype, interleaved, partial, rng):
+    """D 1024: more 16-byte chunks per head than lanes in a warp (64 for R = D
+    in every dtype, 32 + 32 pass-through for R = D/2 in fp32), so each lane
+    walks several chunks and re-primes its load ring for each."""
+    b, s, hq, hk, d = 2, 7, 3, 2, 1024
+    rot = d // 2 if partial else d
+    cfg = cuprope.RopeConfig(rot, interleaved=interleaved)
+    q, k = rand((b, s, hq, d), dtype, rng), rand((b, s, hk, d), dtype, rng)
+    q0, k0 = host(q), host(k)
+    xmax = max(np.abs(q0).max(), np.abs(k0).max())
+    for inverse, fn in ((False, cuprope.rope_qk_forward), (True, cuprope.rope_qk_backward)):
+        oq, ok = poisoned_like(q), poisoned_like(k)
+        fn(q, k, cfg, offset=321, out=(oq, ok))
+        for got, x0 in ((oq, q0), (ok, k0)):
+            ref = expected(x0, cfg, inverse=inverse, offset=321)
+            _record(dtype, assert_matches(host(got), ref, xmax, dtype), xmax)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_packed_tokens_with_per_sequence_positions(dtype, rng):
     import torch

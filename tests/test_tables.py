@@ -163,7 +163,9 @@ def test_table_custom_op_passes_opcheck(device):
 # ---------------------------------------------------------------- the array API
 
 LAYOUT_CASES = [("bshd", False, 64, 64), ("bhsd", False, 48, 64), ("thd", True, 32, 64),
-                ("bshd", True, 64, 80), ("bhsd", True, 16, 16)]
+                ("bshd", True, 64, 80), ("bhsd", True, 16, 16),
+                # more chunks per head than lanes: each lane walks several
+                ("bshd", False, 1024, 1024), ("bshd", True, 512, 1024)]
 
 
 def _table_inputs(layout, b, s, h, d, r, dtype, device, interleaved, seed, batch_tables=True):
