@@ -36,9 +36,10 @@ def jit_times():
 
 
 def decode_times(batch):
-    """cuprope.bench.decode_host_and_kernel in a fresh process: after the
-    suite (torch.compile's workers, hundreds of cached plans and buffers) the
-    same loop measured 16 µs of host time per call against 11 alone."""
+    """cuprope.bench.decode_host_and_kernel in a fresh process, so the suite's
+    state (torch.compile's workers, hundreds of cached plans and buffers) does
+    not weigh on the host time. It still varies between runs on the lent
+    machine: 10-17 µs per call (benchmarks/NOTES.md 20)."""
     code = ("from cuprope.bench import decode_host_and_kernel as f; "
             f"print(*f('bf16', batch={batch}))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

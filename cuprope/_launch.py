@@ -49,8 +49,8 @@ MAX_VEC = int(tuning_defines().get("CUPROPE_MAX_VEC", 0))
 MAX_STEPS = {SRC_SHARED: 3, SRC_PER_HEAD: 3, SRC_TABLE: 5}
 if "CUPROPE_MAX_STEPS" in tuning_defines():
     MAX_STEPS = dict.fromkeys(MAX_STEPS, int(tuning_defines()["CUPROPE_MAX_STEPS"]))
-# Depth of the shared-memory load ring of the plain shared-angle kernels with
-# 16-byte packs, by element size: kernels/rope.cuh CUPROPE_STAGES16/32 (the
+# Depth of the shared-memory load ring of the plain shared-angle and
+# cos/sin-table kernels with 16-byte packs, by element size: kernels/rope.cuh CUPROPE_STAGES16/32 (the
 # same defaults; a test checks they agree).
 STAGES = {2: int(tuning_defines().get("CUPROPE_STAGES16", 3)),
           4: int(tuning_defines().get("CUPROPE_STAGES32", 3))}
@@ -149,7 +149,8 @@ def grid_for(device, itemsize, npairs, chunks, htot, tokens, shared_cs, ring=0, 
     while wpb > 1 and wpb * smem_per_warp > SMEM_LIMIT:
         wpb //= 2
     if smem_per_warp > SMEM_LIMIT:
-        raise ValueError(f"rotary_dim {2 * npairs} is too large for one warp's cos/sin table")
+        raise ValueError(f"rotary_dim {2 * npairs} is too large: one warp's cos/sin table and load "
+                         f"ring need {smem_per_warp} bytes of shared memory (at most {SMEM_LIMIT})")
     units = tokens * groups
     return (-(-units // wpb), 1, 1), (32 * wpb, 1, 1), groups, per_group, wpb * smem_per_warp
 
