@@ -578,11 +578,7 @@ def _cupy_adapter():
         return (a.dtype, a.shape, a.strides, data.device_id, data.ptr % 16)
 
     def index_part(a):
-        if a is None:
-            return None
-        if type(a) is not ndarray:
-            raise _NoFastPath
-        return (a.dtype, a.shape, a.strides, a.data.device_id, a.data.ptr % 16)
+        return None if a is None else part(a)
 
     def key(xs, config, inverse, positions, seq_offsets, outs, inplace):
         """Cache key for a call made only of CuPy arrays (else _NoFastPath)."""

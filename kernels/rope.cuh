@@ -104,6 +104,11 @@ __device__ __forceinline__ void store_pack(long long ptr, long long off, const P
   *reinterpret_cast<Pack<T, N>*>(reinterpret_cast<T*>(ptr) + off) = p;
 }
 
+// A row of a tensor: its base pointer and the element offset of the row.
+struct Row {
+  long long ptr, off;
+};
+
 // 16 bytes global -> shared with no register in between (cp.async, sm_80+;
 // a plain copy before). Completion is per thread: cp_async_wait<N>() returns
 // once at most N of this thread's committed groups are still in flight, and
@@ -232,13 +237,15 @@ __device__ __forceinline__ constexpr Slot pair_slot(int v) {
 // consecutive slots (no bank conflicts; a row-major slice had 4-way conflicts
 // at D 128 and 8-way at D 256). Slot j % G * (npairs / G) + j / G.
 template <bool INTERLEAVED, int VEC>
+constexpr int kCsGroup = (INTERLEAVED && VEC > 1) ? VEC / 2 : VEC;  // G
+template <bool INTERLEAVED, int VEC>
 __device__ __forceinline__ int cs_slot(int j, int npairs) {
-  constexpr int G = (INTERLEAVED && VEC > 1) ? VEC / 2 : VEC;
+  constexpr int G = kCsGroup<INTERLEAVED, VEC>;
   return (j % G) * (npairs / G) + j / G;
 }
 template <bool INTERLEAVED, int VEC>
-__device__ __forceinline__ int cs_stride(int npairs) {
-  return npairs / ((INTERLEAVED && VEC > 1) ? VEC / 2 : VEC);
+__device__ __forceinline__ int cs_stride(int npairs) {  // slots between pair j and j + 1
+  return npairs / kCsGroup<INTERLEAVED, VEC>;
 }
 
 // Rotate the pairs of a chunk held in two packs (pair_slot). cos/sin of pair
@@ -743,17 +750,27 @@ __global__ void __launch_bounds__(kThreads, (SRC == kSrcShared && ACT == kActNon
   auto pair_at = [&](int v) {
     return INTERLEAVED ? ((2 * v < VEC ? e0 : e1) + (2 * v) % VEC) / 2 : e0 + v;
   };
+  // (pointer, element offset) of head h's row in the inputs and outputs; h
+  // indexes the concatenated head list, so tensor 1 (k) from heads0 on
+  auto in_row = [&](int h) {
+    const bool is_k = h >= heads0;
+    return Row{is_k ? a.in_ptr[1] : a.in_ptr[0],
+               is_k ? in_base1 + (h - heads0) * a.in_sh[1] : in_base0 + h * a.in_sh[0]};
+  };
+  auto out_row = [&](int h) {
+    const bool is_k = h >= heads0;
+    return Row{is_k ? a.out_ptr[1] : a.out_ptr[0],
+               is_k ? out_base1 + (h - heads0) * a.out_sh[1] : out_base0 + h * a.out_sh[0]};
+  };
   // load the rows h, h + rpw, ... (kRows of them) of chunk c (geometry() set e0, e1, two)
   auto load_rows = [&](int h, Pack<T, VEC> (&x)[kRows][2], Pack<T, VEC> (&xa)[kRows][2]) {
 #pragma unroll
     for (int u = 0; u < kRows; ++u) {
       const int hu = h + u * rpw;
       if (hu >= h1) continue;
-      const bool is_k = hu >= heads0;
-      const long long ptr = is_k ? a.in_ptr[1] : a.in_ptr[0];
-      const long long off = is_k ? in_base1 + (hu - heads0) * a.in_sh[1] : in_base0 + hu * a.in_sh[0];
-      x[u][0] = load_pack<T, VEC>(ptr, off + e0);
-      if (two) x[u][1] = load_pack<T, VEC>(ptr, off + e1);
+      const Row r = in_row(hu);
+      x[u][0] = load_pack<T, VEC>(r.ptr, r.off + e0);
+      if (two) x[u][1] = load_pack<T, VEC>(r.ptr, r.off + e1);
       if constexpr (BWD) {
         const long long aoff = aux_base + hu * a.aux_sh;
         xa[u][0] = load_pack<T, VEC>(a.aux_ptr, aoff + e0);
@@ -775,9 +792,8 @@ __global__ void __launch_bounds__(kThreads, (SRC == kSrcShared && ACT == kActNon
     [[maybe_unused]] P* tslot = ring + 2 * kStages * 32;
     auto issue = [&](int h, int st) {
       if (h < h1) {
-        const bool is_k = h >= heads0;
-        const T* src = reinterpret_cast<const T*>(is_k ? a.in_ptr[1] : a.in_ptr[0]) +
-                       (is_k ? in_base1 + (h - heads0) * a.in_sh[1] : in_base0 + h * a.in_sh[0]);
+        const Row r = in_row(h);
+        const T* src = reinterpret_cast<const T*>(r.ptr) + r.off;
         cp_async16(ring + 2 * st * 32, src + e0);
         if (two) cp_async16(ring + (2 * st + 1) * 32, src + e1);
       }
@@ -826,12 +842,9 @@ __global__ void __launch_bounds__(kThreads, (SRC == kSrcShared && ACT == kActNon
             rotate_chunk<T, INTERLEAVED, VEC>(x0, x1, cs0, cs1, cstride);
           }
         }
-        const bool is_k = h >= heads0;
-        const long long ptr = is_k ? a.out_ptr[1] : a.out_ptr[0];
-        const long long off =
-            is_k ? out_base1 + (h - heads0) * a.out_sh[1] : out_base0 + h * a.out_sh[0];
-        store_pack<T, VEC>(ptr, off + e0, x0);
-        if (two) store_pack<T, VEC>(ptr, off + e1, x1);
+        const Row r = out_row(h);
+        store_pack<T, VEC>(r.ptr, r.off + e0, x0);
+        if (two) store_pack<T, VEC>(r.ptr, r.off + e1, x1);
         st = st + 1 == kStages ? 0 : st + 1;
       }
     }
