@@ -16,8 +16,8 @@ from ._loader import (ITEMSIZE, MODULES, SRC_PER_HEAD, SRC_SHARED, SRC_TABLE, fa
 SMEM_LIMIT = 48 * 1024  # per block, the most a launch gets without opting in
 
 # Mirrors struct RopeArgs in kernels/rope.cuh: 34 int64, 2 float64, 2 int64,
-# then the LRPE fields (aux_ptr, aux strides x3, stats_ptr, stats_plane).
-_ARGS = struct.Struct("<34q2d8q")
+# then the LRPE fields (aux_ptr, aux strides x3, stats_ptr, stats_plane) and tok_tile.
+_ARGS = struct.Struct("<34q2d9q")
 _ARGS_DTYPE = np.dtype([("raw", np.uint8, (_ARGS.size,))])
 
 _SM_COUNT: dict[int, int] = {}
@@ -55,6 +55,17 @@ if "CUPROPE_MAX_STEPS" in tuning_defines():
 STAGES = {2: int(tuning_defines().get("CUPROPE_STAGES16", 3)),
           4: int(tuning_defines().get("CUPROPE_STAGES32", 3))}
 SLOT_BYTES = 32 * 16  # one 16-byte pack per lane of a warp
+# Token runs (the per-head source with implicit positions): rows a lane
+# advances between exact cos/sin, by element size (kernels/rope.cuh
+# CUPROPE_RUN16/32; a test checks they agree); 0 turns token runs off.
+RUNS = {2: int(tuning_defines().get("CUPROPE_RUN16", 16)),
+        4: int(tuning_defines().get("CUPROPE_RUN32", 4))}
+TOKEN_RUNS = int(tuning_defines().get("CUPROPE_TOKEN_RUNS", 1))
+TOKEN_TILE = int(tuning_defines().get("CUPROPE_TOKEN_TILE", 0))  # tuning hook: a fixed tile
+# Depth of the token runs' load ring by element size (kernels/rope.cuh
+# CUPROPE_RUN_STAGES16/32, the same defaults).
+RUN_STAGES = {2: int(tuning_defines().get("CUPROPE_RUN_STAGES16", 4)),
+              4: int(tuning_defines().get("CUPROPE_RUN_STAGES32", 3))}
 
 
 def steps_cap(src, npairs, stream_map) -> int:
@@ -155,6 +166,45 @@ def grid_for(device, itemsize, npairs, chunks, htot, tokens, shared_cs, ring=0, 
     return (-(-units // wpb), 1, 1), (32 * wpb, 1, 1), groups, per_group, wpb * smem_per_warp
 
 
+def token_tile(device, itemsize, chunks, htot, n_batch, n_seq) -> int:
+    """Tokens per warp for token runs (0: use heads per warp instead).
+
+    A warp then owns one head of ``tile`` consecutive tokens; each lane takes
+    every rpw-th of them and computes exact cos/sin once per RUNS rows. Runs
+    need at least one full run per lane (else a token's heads split over
+    warps, as for decode); the tile is 1, 2 or 4 runs per lane, the longest
+    that still gives ~16 blocks per SM."""
+    rpw = 32 // min(chunks, 32)
+    run = rpw * RUNS[itemsize]
+    if not TOKEN_RUNS or not run or n_seq < run:
+        return 0
+    if TOKEN_TILE:
+        return TOKEN_TILE
+    want = 16 * sm_count(device) * WARPS_PER_BLOCK[itemsize]
+    m = 1
+    while m < 4 and n_batch * htot * -(-n_seq // (2 * m * run)) >= want:
+        m *= 2
+    return m * run
+
+
+def token_ring_bytes(itemsize, vec, backward_act) -> int:
+    """Shared bytes of one warp's token-run load ring: with 16-byte packs,
+    RUN_STAGES stages of two packs per lane (four in the LRPE backward, which
+    also loads x); none otherwise."""
+    if itemsize * vec != 16:
+        return 0
+    return (4 if backward_act else 2) * RUN_STAGES[itemsize] * SLOT_BYTES
+
+
+def _token_grid(itemsize, per_warp, units):
+    """(grid, block, shared bytes) for token runs: ``units`` warps of
+    ``per_warp`` shared bytes each (the step rotation per pair, the ring)."""
+    wpb = WARPS_PER_BLOCK[itemsize]
+    while wpb > 1 and wpb * per_warp > SMEM_LIMIT:
+        wpb //= 2
+    return (-(-units // wpb), 1, 1), (32 * wpb, 1, 1), wpb * per_warp
+
+
 # Offsets of the per-call fields in the int64 view of RopeArgs.
 _IN0, _IN1, _OUT0, _OUT1, _POS, _SEQ, _OFFSET = 0, 1, 2, 3, 23, 28, 30
 _SCALE, _SIN_SIGN = 34, 35  # the two float64 fields (checked against the C struct by a test)
@@ -252,10 +302,19 @@ def make_plan(*, device, dtype, interleaved, plans, n_batch, n_seq, head_dim, ro
     heads = [p.heads for p in plans] + [0] * (2 - len(plans))
     src = SRC_TABLE if table is not None else (SRC_PER_HEAD if freq_sh else SRC_SHARED)
     stages = ring_stages(ITEMSIZE[dtype], vec, src, act, backward_act)
-    grid, block, groups, per_group, smem = grid_for(device, ITEMSIZE[dtype], npairs, chunks,
-                                                    heads[0] + heads[1], n_batch * n_seq,
-                                                    src == SRC_SHARED, ring_bytes(stages, src),
+    htot = heads[0] + heads[1]
+    grid, block, groups, per_group, smem = grid_for(device, ITEMSIZE[dtype], npairs, chunks, htot,
+                                                    n_batch * n_seq, src == SRC_SHARED,
+                                                    ring_bytes(stages, src),
                                                     steps_cap(src, npairs, stream_map_ptr))
+    tile = 0
+    run_smem = npairs * 8 + token_ring_bytes(ITEMSIZE[dtype], vec, backward_act)
+    if (src == SRC_PER_HEAD and pos is None and not stream_map_ptr and act != SOFTMAX_HEAD
+            and run_smem <= SMEM_LIMIT):
+        tile = token_tile(device, ITEMSIZE[dtype], chunks, htot, n_batch, n_seq)
+    if tile:  # one warp per (sequence, token tile, head)
+        grid, block, smem = _token_grid(ITEMSIZE[dtype], run_smem,
+                                        htot * n_batch * -(-n_seq // tile))
     p0 = plans[0]
     p1 = plans[1] if len(plans) > 1 else p0
     pos_is64, pss, psb, pst = pos if pos is not None else (0, 0, 0, 0)
@@ -277,7 +336,8 @@ def make_plan(*, device, dtype, interleaved, plans, n_batch, n_seq, head_dim, ro
         scale, sin_sign,
         groups, per_group,
         0, aux_strides[0], aux_strides[1], aux_strides[2],
-        0, n_batch * heads[0] * head_dim)
+        0, n_batch * heads[0] * head_dim,
+        tile)
     func = _function(device, dtype, interleaved, vec, src, act, backward_act)
     plan = LaunchPlan(device, func, grid, block, smem, vec, vec * ITEMSIZE[dtype], fields)
     if act == SOFTMAX_SEQ:
@@ -289,6 +349,7 @@ def make_plan(*, device, dtype, interleaved, plans, n_batch, n_seq, head_dim, ro
     return plan
 
 
+SOFTMAX_HEAD = 4  # kernels/rope.cuh kActSoftmax
 SOFTMAX_SEQ = 5  # kernels/rope.cuh kActSoftmaxSeq
 SEQ_SLICES = 8   # kernels/rope.cuh kSeqSlices
 

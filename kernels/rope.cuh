@@ -9,9 +9,12 @@
 //     (multimodal schemes map each pair to a stream);
 //   * a scale multiplying cos and sin, and a sign on sin (-1: the inverse
 //     rotation, used for backward).
-// The angle position * inv_freq is formed in float64 and reduced mod 2*pi
-// before a precise fp32 sincosf, so the angle is exact to ~2e-7 rad at any
-// position below 2^31.
+// The angle position * inv_freq is formed in float64 and reduced mod pi/2
+// there before fp32 polynomials (exact_cos_sin), so cos and sin are within
+// ~7e-8 of those of the float64 angle at any position below 2^31. (Per-head
+// tables with implicit positions compose exact rotations along the tokens
+// instead: within ~2e-6 in 16-bit and ~4e-7 in fp32 at any position; token
+// runs, CUPROPE_RUN16/32.)
 //
 // A third angle source skips the angles: the caller's own cos/sin tables
 // ([B, S, R] in the element type, as Hugging Face models pass them), applied
@@ -69,6 +72,9 @@ struct RopeArgs {
   long long aux_sb, aux_ss, aux_sh;  // its batch, sequence, head strides
   long long stats_ptr;               // float*, sequence-softmax statistics [2 or 3][B*H*D]
   long long stats_plane;             // B*H*D, the length of one plane of stats
+  // token runs (kSrcPerHead with implicit positions): tokens per warp, the
+  // warp owning one head of them (see rope_kernel); 0: heads per warp
+  long long tok_tile;
 };
 // The cos/sin-table angle source (SRC == kSrcTable) reuses the position
 // fields: cos at pos_ptr, sin at seq_off_ptr, two [B, S, R] tables in T with
@@ -135,21 +141,54 @@ __device__ __forceinline__ void cp_async_wait() {
 #endif
 }
 
-// cos and sin of position * inv_freq, the product formed in float64 and
-// reduced to [-pi, pi] with a two-constant Cody-Waite step (2*pi = HI + LO).
-// The reduced angle is then exact to ~1e-15, and rounding it to fp32 costs at
-// most pi * 2^-24 ~ 1.9e-7 rad; sincosf stays on its fast, accurate path.
+// cos and sin of position * inv_freq. The product is formed in float64 and
+// reduced mod pi/2 there: angle = k * pi/2 + r, with k the nearest integer to
+// angle * 2/pi (one FMA adding 1.5 * 2^52 leaves k in the low mantissa bits)
+// and r = angle - k * (PIO2_HI + PIO2_LO) by two FMAs, exact to ~1e-16 with
+// |r| <= pi/4 (+ a rounding). Rounding r to fp32 costs at most 2^-26 rad; fp32
+// polynomials on [-pi/4, pi/4] (fitted for this range: within 0.72 ulp for
+// sin, 0.87 ulp for cos) and the quadrant k mod 4 finish it. Against a fp32
+// sincosf after a float64 reduction mod 2*pi this skips sincosf's own
+// second reduction and its never-taken slow path (registers the compiler
+// had to keep for it), and the error drops from ~2e-7 to ~7e-8 at any
+// position below 2^31 (|angle| * 2/pi must stay below 2^51).
 __device__ __forceinline__ float2 exact_cos_sin(long long pos, double inv_freq) {
-  const double kTwoPiHi = 6.283185307179586;
-  const double kTwoPiLo = 2.4492935982947064e-16;
-  const double kInvTwoPi = 0.15915494309189535;
+  const double kMagic = 6755399441055744.0;  // 1.5 * 2^52
+  const double kTwoOverPi = 0.6366197723675814;
+  const double kPio2Hi = 1.5707963267948966;
+  const double kPio2Lo = 6.123233995736766e-17;
   const double angle = __dmul_rn(static_cast<double>(pos), inv_freq);
-  const double k = rint(angle * kInvTwoPi);
-  double r = fma(-k, kTwoPiHi, angle);
-  r = fma(-k, kTwoPiLo, r);
-  float s, c;
-  sincosf(static_cast<float>(r), &s, &c);
-  return make_float2(c, s);
+  const double t = fma(angle, kTwoOverPi, kMagic);
+  const double k = t - kMagic;
+  const int q = __double2loint(t);  // k mod 2^32, two's complement
+  double r = fma(-k, kPio2Hi, angle);
+  r = fma(-k, kPio2Lo, r);
+  const float x = static_cast<float>(r);
+  const float x2 = x * x;
+  float ps = fmaf(x2, -1.95152868e-4f, 8.33216123e-3f);
+  ps = fmaf(x2, ps, -1.66666552e-1f);
+  const float sn = fmaf(x2 * x, ps, x);
+  float pc = fmaf(x2, 2.44331586e-5f, -1.38873165e-3f);
+  pc = fmaf(x2, pc, 4.16666456e-2f);
+  pc = fmaf(x2, pc, -0.5f);
+  const float cn = fmaf(x2, pc, 1.f);
+  // angle = r + k * pi/2: quadrant 1 gives (-sin r, cos r), 2 (-cos, -sin), 3 (sin, -cos)
+  const float c = (q & 1) ? sn : cn;
+  const float s = (q & 1) ? cn : sn;
+  return make_float2(((q + 1) & 2) ? -c : c, (q & 2) ? -s : s);
+}
+
+// e^(i * sign * pos * inv_freq) as (cos, sin): exact_cos_sin with the sign
+// on sin and no scale (a token run composes these; the scale comes after).
+__device__ __forceinline__ float2 unit_rotation(long long pos, double inv_freq, float sign) {
+  const float2 cs = exact_cos_sin(pos, inv_freq);
+  return make_float2(cs.x, cs.y * sign);
+}
+
+// The product z * w, w a unit complex number (angles add, |z| is kept): two
+// roundings per component, so each step of a token run adds at most ~1.2e-7.
+__device__ __forceinline__ float2 compose(float2 z, float2 w) {
+  return make_float2(fmaf(z.x, w.x, -(z.y * w.y)), fmaf(z.y, w.x, z.x * w.y));
 }
 
 __device__ __forceinline__ long long load_index(long long ptr, long long i, bool is64) {
@@ -194,14 +233,37 @@ __device__ __forceinline__ float2 pair_cos_sin(const RopeArgs& a, unsigned b, un
 constexpr int kThreads = 256;  // most threads per block (whole warps)
 
 // Rows (heads) each lane keeps in flight per step when it loads into
-// registers (no ring: narrower packs, the per-head source, LRPE). Measured on
-// an H200 (benchmarks/NOTES.md 3): one row for 16-bit types (fewer registers,
-// more warps resident), two for float32.
+// registers (no ring: narrower packs, the per-head source in head mode, LRPE
+// with shared angles). Measured on an H200 (benchmarks/NOTES.md 3): one row
+// for 16-bit types (fewer registers, more warps resident), two for float32.
 #ifndef CUPROPE_ROWS16
 #define CUPROPE_ROWS16 1
 #endif
 #ifndef CUPROPE_ROWS32
 #define CUPROPE_ROWS32 2
+#endif
+
+// Token runs (kSrcPerHead, implicit positions): a lane's cos/sin are exact at
+// every kRun-th of its rows and advanced between by composing with one exact
+// rotation, so kRun - 1 compositions add at most ~(kRun - 1) * 1.2e-7 at any
+// position: 1.8e-6 for 16 in the 16-bit types (under 1 % of half an ulp of
+// fp16), 3.6e-7 for float32's 4 (its test slack is 1e-6 of max|x|). The host
+// picks token tiles from the same values (cuprope/_launch.py RUNS).
+#ifndef CUPROPE_RUN16
+#define CUPROPE_RUN16 16
+#endif
+#ifndef CUPROPE_RUN32
+#define CUPROPE_RUN32 4
+#endif
+// Depth of the token runs' load ring (16-byte packs), by element size: 4
+// measured 1-3% faster than 3 for the 16-bit types, and 3 than 4 for the
+// float32 backward (NOTES.md 22). The host sizes shared memory from the same
+// values (cuprope/_launch.py RUN_STAGES).
+#ifndef CUPROPE_RUN_STAGES16
+#define CUPROPE_RUN_STAGES16 4
+#endif
+#ifndef CUPROPE_RUN_STAGES32
+#define CUPROPE_RUN_STAGES32 3
 #endif
 
 // Depth of the shared-memory ring the plain shared-angle and cos/sin-table
@@ -335,6 +397,22 @@ __device__ __forceinline__ void rotate_table(Pack<T, VEC>& p0, Pack<T, VEC>& p1,
 #ifndef CUPROPE_MIN_BLOCKS
 #define CUPROPE_MIN_BLOCKS 4
 #endif
+// The same bound for the per-head kernels (plain and elementwise LRPE
+// forward) by element size, and for the fused elementwise LRPE backward
+// (which also loads x; the softmax kernels stay uncapped): measured on an
+// H200 with token runs (benchmarks/NOTES.md 22). float32 at 3 (80 registers,
+// no spills) runs ~5% faster than uncapped; the 16-bit forward runs best
+// uncapped (~100 registers; caps that spill lose); the backward kernels gain
+// 3-6% at 2.
+#ifndef CUPROPE_MIN_BLOCKS_PH16
+#define CUPROPE_MIN_BLOCKS_PH16 1
+#endif
+#ifndef CUPROPE_MIN_BLOCKS_PH32
+#define CUPROPE_MIN_BLOCKS_PH32 3
+#endif
+#ifndef CUPROPE_MIN_BLOCKS_PH_BWD
+#define CUPROPE_MIN_BLOCKS_PH_BWD 2
+#endif
 
 // ---------------------------------------------------------------- LRPE dialect
 // Activation before the rotation, selected at compile time.
@@ -345,14 +423,22 @@ constexpr int kActSilu = 3;
 constexpr int kActSoftmax = 4;     // over the head dim: a row reduction within the warp
 constexpr int kActSoftmaxSeq = 5;  // over the sequence: statistics from lrpe_seq_stats_kernel
 
+// The sigmoid-based activations take e^-x from the SFU (__expf: ex2.approx of
+// x * log2(e), within 2 + 1.2|x| ulp) and divide with __fdividef (a reciprocal
+// and a multiply, 2 ulp): about 5 instructions for expf's and IEEE division's
+// ~16, which made the SiLU forward instruction-bound. The relative error grows
+// with |x| only where the result is tiny (|x| e^-|x| or e^-|x|), so every
+// result stays within ~1.5e-7 absolute of the exact one, or a few ulp of
+// itself. A denominator past 2^126 (x < -87.3) makes __fdividef return 0,
+// where the exact value is below 1e-36.
 template <int ACT>
 __device__ __forceinline__ float act_forward(float x) {
   if constexpr (ACT == kActRelu) {
     return x < 0.f ? 0.f : x;  // NaN stays NaN
   } else if constexpr (ACT == kActSigmoid) {
-    return 1.f / (1.f + expf(-x));
+    return __fdividef(1.f, 1.f + __expf(-x));
   } else if constexpr (ACT == kActSilu) {
-    return x / (1.f + expf(-x));
+    return __fdividef(x, 1.f + __expf(-x));
   } else {
     return x;
   }
@@ -366,12 +452,12 @@ __device__ __forceinline__ float act_grad(float x) {
   if constexpr (ACT == kActRelu) {
     return x > 0.f ? 1.f : 0.f;
   } else {
-    const float e = expf(-fabsf(x));
-    const float d = 1.f + e;
+    const float e = __expf(-fabsf(x));
+    const float hi = __fdividef(1.f, 1.f + e);  // sigmoid(|x|); d = 1 + e is in [1, 2]
+    const float lo = e * hi;                    // sigmoid(-|x|)
     if constexpr (ACT == kActSigmoid) {
-      return e / (d * d);  // sigmoid(x) * sigmoid(-x)
-    } else {               // silu: sigmoid(x) * (1 + x * sigmoid(-x))
-      const float hi = 1.f / d, lo = e / d;
+      return hi * lo;  // sigmoid(x) * sigmoid(-x)
+    } else {           // silu: sigmoid(x) * (1 + x * sigmoid(-x))
       const bool pos = x >= 0.f;
       return (pos ? hi : lo) * (1.f + x * (pos ? lo : hi));
     }
@@ -649,7 +735,12 @@ __device__ __forceinline__ void softmax_head_rows(const RopeArgs& a, const float
 //                slice of shared memory (cs_slot's layout); every head of q
 //                and k reuses them.
 //   kSrcPerHead: one frequency row per head (freq_sh != 0); cos/sin per
-//                (token, head, pair).
+//                (token, head, pair). With implicit positions (tok_tile != 0)
+//                a warp owns one head of tok_tile consecutive tokens instead
+//                ("token runs"), so cos/sin advance by composition along
+//                the tokens rather than by a sincos per row, and with
+//                16-byte packs the rows load through a ring of their own
+//                (NOTES.md 21-22).
 //   kSrcTable:   cos and sin read from the caller's tables (HF layout), once
 //                per (token, chunk), and applied as PyTorch evaluates HF's
 //                formula (rotate_table).
@@ -665,7 +756,11 @@ __device__ __forceinline__ void softmax_head_rows(const RopeArgs& a, const float
 // x before the rotation (BWD: dx = act'(x) * R^T dO with x read from aux_ptr).
 // The head-dim softmax takes its own warp-synchronous path (softmax_head_rows).
 template <typename T, bool INTERLEAVED, int VEC, int SRC, int ACT = kActNone, bool BWD = false>
-__global__ void __launch_bounds__(kThreads, (SRC == kSrcShared && ACT == kActNone) ? CUPROPE_MIN_BLOCKS : 1)
+__global__ void __launch_bounds__(kThreads, (SRC == kSrcShared && ACT == kActNone) ? CUPROPE_MIN_BLOCKS
+                                            : SRC != kSrcPerHead || ACT > kActSilu ? 1
+                                            : BWD            ? CUPROPE_MIN_BLOCKS_PH_BWD
+                                            : sizeof(T) == 4 ? CUPROPE_MIN_BLOCKS_PH32
+                                                             : CUPROPE_MIN_BLOCKS_PH16)
     rope_kernel(const RopeArgs a) {
   static_assert(ACT == kActNone || !INTERLEAVED, "LRPE pairs are half split");
   static_assert(ACT != kActNone || !BWD, "the plain backward is the forward with -sin");
@@ -686,15 +781,20 @@ __global__ void __launch_bounds__(kThreads, (SRC == kSrcShared && ACT == kActNon
   const int sub = static_cast<int>(static_cast<unsigned>(lane) / static_cast<unsigned>(cpr));
   const int heads0 = static_cast<int>(a.heads[0]);
   const int htot = heads0 + static_cast<int>(a.heads[1]);
-  const unsigned groups = static_cast<unsigned>(a.head_groups);
   const unsigned unit = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
   const unsigned n_seq = static_cast<unsigned>(a.n_seq);
-  if (unit >= static_cast<unsigned>(a.n_batch * a.n_seq) * groups) return;  // whole warp
-  const unsigned tok = unit / groups;
-  const int h0 = static_cast<int>(unit - tok * groups) * static_cast<int>(a.heads_per_group);
-  const int h1 = min(htot, h0 + static_cast<int>(a.heads_per_group));
-  const unsigned b = tok / n_seq;
-  const unsigned s = tok - b * n_seq;
+  // The warp's token (b, s) and heads [h0, h1); token runs: its one head h0
+  // and tokens [s, s + tok_tile) of sequence b, the unit ordered (b, tile, head).
+  const bool runs = PER_HEAD && a.tok_tile != 0;
+  const unsigned tile = static_cast<unsigned>(a.tok_tile);
+  const unsigned groups = runs ? (n_seq + tile - 1) / tile : static_cast<unsigned>(a.head_groups);
+  if (unit >= static_cast<unsigned>(a.n_batch) * groups * (runs ? htot : n_seq)) return;
+  const unsigned tok = runs ? unit / htot : unit / groups;  // runs: b * groups + tile index
+  const int h0 = runs ? static_cast<int>(unit - tok * htot)
+                      : static_cast<int>(unit - tok * groups) * static_cast<int>(a.heads_per_group);
+  const int h1 = runs ? h0 + 1 : min(htot, h0 + static_cast<int>(a.heads_per_group));
+  const unsigned b = tok / (runs ? groups : n_seq);
+  const unsigned s = runs ? (tok - b * groups) * tile : tok - b * n_seq;
   float2* my_cs = warp_cs + (threadIdx.x >> 5) * npairs;
   // the token's position in stream 0: loaded once, not once per pair (with
   // few tokens, as in decode, the launch is one dependent chain of loads)
@@ -849,6 +949,122 @@ __global__ void __launch_bounds__(kThreads, (SRC == kSrcShared && ACT == kActNon
       }
     }
     return;
+  }
+  if constexpr (PER_HEAD && ACT != kActSoftmax) {
+    if (runs) {
+      // Token runs: the warp's head h0 at its tokens [s, s_end); a lane takes
+      // every rpw-th (its rows k = 0, 1, ...). Its cos/sin are computed
+      // exactly at rows k % kRun == 0 and composed with the exact rotation by
+      // rpw positions in between (CUPROPE_RUN16/32: the error stays bounded
+      // at any position). The scale rides on the exact values (composing
+      // with a unit rotation keeps it).
+      constexpr int kRun = sizeof(T) == 4 ? CUPROPE_RUN32 : CUPROPE_RUN16;
+      const int hh = h0 >= heads0 ? h0 - heads0 : h0;
+      const double* freq = reinterpret_cast<const double*>(a.inv_freq_ptr) + hh * a.freq_sh;
+      const float sign = static_cast<float>(a.sin_sign), sc = static_cast<float>(a.scale);
+      // the step's rotation (rpw positions) per pair, in the warp's shared
+      // slice (cs_slot's layout): computed once per warp, and not held in
+      // registers, of which the 16-bit kernels have too few
+      for (int p = lane; p < npairs; p += 32)
+        my_cs[cs_slot<INTERLEAVED, VEC>(p, npairs)] = unit_rotation(rpw, freq[p], sign);
+      __syncwarp();
+      if (!active) return;
+      const int s_end = static_cast<int>(min(n_seq, s + tile));
+      const bool is_k = h0 >= heads0;
+      const Row ri = in_row(h0), ro = out_row(h0);
+      const long long iss = is_k ? a.in_ss[1] : a.in_ss[0];
+      const long long oss = is_k ? a.out_ss[1] : a.out_ss[0];
+      const long long aux_off = aux_base + hh * a.aux_sh;
+      [[maybe_unused]] const long long scol =
+          (static_cast<long long>(b) * a.heads[0] + hh) * a.head_dim;
+      // With 16-byte packs the rows load through a per-warp shared-memory
+      // ring (cp.async, kTokStages - 1 rows ahead), after the warp's step
+      // slice: the latency hides without holding rows in registers. Slots
+      // (stage st, pack k) at ring[(kPacks * st + k) * 32]: x at e0, e1, and
+      // in the LRPE backward x beside dO at e0, e1.
+      using P = Pack<T, VEC>;
+      constexpr int kTokStages =
+          sizeof(T) * VEC != 16 ? 0 : sizeof(T) == 4 ? CUPROPE_RUN_STAGES32 : CUPROPE_RUN_STAGES16;
+      constexpr int kPacks = BWD ? 4 : 2;
+      [[maybe_unused]] P* ring = reinterpret_cast<P*>(warp_cs + (blockDim.x >> 5) * npairs) +
+                                 (threadIdx.x >> 5) * (kPacks * kTokStages * 32) + lane;
+      [[maybe_unused]] auto issue = [&](int t, int st) {
+        if (t < s_end) {
+          const long long dt = t - static_cast<int>(s);
+          const T* src = reinterpret_cast<const T*>(ri.ptr) + ri.off + dt * iss;
+          cp_async16(ring + kPacks * st * 32, src + e0);
+          if (two) cp_async16(ring + (kPacks * st + 1) * 32, src + e1);
+          if constexpr (BWD) {
+            const T* xs = reinterpret_cast<const T*>(a.aux_ptr) + aux_off + dt * a.aux_ss;
+            cp_async16(ring + (kPacks * st + 2) * 32, xs + e0);
+            cp_async16(ring + (kPacks * st + 3) * 32, xs + e1);
+          }
+        }
+        cp_async_commit();
+      };
+      for (; c < chunks; c += cpr) {
+        geometry();
+        float2 z[VEC];  // the row's cos/sin (scaled)
+        const float2* w0 = my_cs + cs_slot<INTERLEAVED, VEC>(pair_at(0), npairs);
+        const float2* w1 = my_cs + cs_slot<INTERLEAVED, VEC>(pair_at(VEC / 2), npairs);
+        const int wstride = cs_stride<INTERLEAVED, VEC>(npairs);
+        const int t0 = static_cast<int>(s) + sub;
+        if constexpr (kTokStages > 0) {
+#pragma unroll
+          for (int j = 0; j + 1 < kTokStages; ++j) issue(t0 + j * rpw, j);
+        }
+        int k = 0, st = 0;
+#pragma unroll 1
+        for (int t = t0; t < s_end; t += rpw, ++k) {
+          const long long dt = t - static_cast<int>(s);
+          P x0, x1;
+          [[maybe_unused]] P xa0, xa1;  // LRPE backward: x beside dO
+          if constexpr (kTokStages > 0) {
+            issue(t + (kTokStages - 1) * rpw, st == 0 ? kTokStages - 1 : st - 1);
+            cp_async_wait<kTokStages - 1>();  // row t has landed
+            x0 = ring[kPacks * st * 32];
+            if (two) x1 = ring[(kPacks * st + 1) * 32];
+            if constexpr (BWD) {
+              xa0 = ring[(kPacks * st + 2) * 32];
+              xa1 = ring[(kPacks * st + 3) * 32];
+            }
+            st = st + 1 == kTokStages ? 0 : st + 1;
+          } else {
+            x0 = load_pack<T, VEC>(ri.ptr, ri.off + dt * iss + e0);
+            if (two) x1 = load_pack<T, VEC>(ri.ptr, ri.off + dt * iss + e1);
+            if constexpr (BWD) {
+              xa0 = load_pack<T, VEC>(a.aux_ptr, aux_off + dt * a.aux_ss + e0);
+              xa1 = load_pack<T, VEC>(a.aux_ptr, aux_off + dt * a.aux_ss + e1);
+            }
+          }
+          if (rot) {
+            if (k % kRun == 0) {
+              const long long pos = token_position(a, b, t, 0);
+#pragma unroll
+              for (int v = 0; v < VEC; ++v) {
+                const float2 u = unit_rotation(pos, freq[pair_at(v)], sign);
+                z[v] = make_float2(u.x * sc, u.y * sc);
+              }
+            } else {
+#pragma unroll
+              for (int v = 0; v < VEC; ++v) {  // pair v's step: as rotate_chunk finds its cos/sin
+                const float2 w = (INTERLEAVED && VEC > 1 && 2 * v >= VEC)
+                                     ? w1[(v - VEC / 2) * wstride] : w0[v * wstride];
+                z[v] = compose(z[v], w);
+              }
+            }
+            if constexpr (ACT == kActNone) {
+              rotate_chunk<T, INTERLEAVED, VEC>(x0, x1, z, z + VEC / 2, 1);
+            } else {
+              lrpe_chunk<T, VEC, ACT, BWD>(a, x0, x1, xa0, xa1, z, scol, e0, e1);
+            }
+          }
+          store_pack<T, VEC>(ro.ptr, ro.off + dt * oss + e0, x0);
+          if (two) store_pack<T, VEC>(ro.ptr, ro.off + dt * oss + e1, x1);
+        }
+      }
+      return;
+    }
   }
   if (SRC == kSrcShared) warp_cos_sin();
   if (!active) return;

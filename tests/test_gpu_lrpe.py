@@ -16,8 +16,9 @@ reference rounded to the dtype plus the fp32 slack; fp32 within the slack
   * backward: scale = max|dO| · A, A bounding |act'|: 1 (none, relu), 1/4
     (sigmoid), 1.1 (silu), 2·max s (softmax: |s ⊙ (g − <g, s>)| ≤ 2·max s·max|g|);
   * k: 1 for none and relu (a rotation of exact values, as for plain RoPE);
-    2 for sigmoid and silu (expf is within 2 ulp, then an add and a divide:
-    ≲ 4 ulp ≈ 5e-7 relative on top of the rotation's ≈ 2e-7); 4 for softmax
+    2 for sigmoid and silu (the kernels take e^-x from the SFU and divide
+    with a reciprocal: within ~1.5e-7 absolute or a few ulp, on top of the
+    rotation's ≈ 1e-7, or ≲ 6e-7 for per-head θ in token runs); 4 for softmax
     (exp, a row sum in fp32 over 2·VEC terms per lane and log2(32) shuffle
     levels, or over the sequence in float64, and a divide: ≲ 1e-6 relative to
     max s in the worst case, typically 3e-7).

@@ -214,7 +214,7 @@ def test_transposed_bhsd_view_and_unaligned_fallback(dtype, rng):
 @pytest.mark.parametrize("position", [2 ** 20, 131_072, 1_000_003, 2 ** 31 - 1])
 def test_angles_exact_at_large_positions(position, rng):
     """fp32 output within 1e-6·max|x| of float64 at very large positions: the
-    angle is formed in float64 and reduced mod 2π before sincosf."""
+    angle is formed in float64 and reduced mod π/2 there before fp32 polynomials."""
     import torch
     cfg = cuprope.RopeConfig(128, base=10000.0)
     x = rand((1, 8, 4, 128), "float32", rng)
@@ -242,6 +242,51 @@ def test_per_head_table_multistream_positions_and_scale(rng):
     back = cuprope.rope_backward(out, cfg, positions=pos)
     ref_b = expected(host(out), cfg, positions=pos.cpu().numpy(), inverse=True)
     assert_matches(host(back), ref_b, np.abs(host(out)).max(), "float32", scale=1.25)
+
+
+@pytest.mark.parametrize("pos_kind", ["offset", "offset+seq_offsets", "offset 2**31-400"])
+@pytest.mark.parametrize("layout", ["bshd", "bhsd"])
+@pytest.mark.parametrize("partial", [False, True], ids=["R=D", "R<D"])
+@pytest.mark.parametrize("interleaved", [False, True], ids=["half", "interleaved"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_per_head_token_runs(dtype, interleaved, partial, layout, pos_kind, rng):
+    """Per-head frequency rows with implicit positions take token runs: a warp
+    per (sequence, token tile, head), each lane's cos/sin exact every RUNS rows
+    and composed with an exact step between. S 300 gives several tiles and a
+    partial last one; offsets up to 2**31 keep the angles within the fp32
+    slack; fused q/k out of place, backward, and in place."""
+    import torch
+
+    from cuprope import _launch
+    b, s, h, d = 2, 300, 3, 128
+    rot = d // 2 if partial else d
+    itemsize = 4 if dtype == "float32" else 2
+    vec = 16 // itemsize
+    chunks = rot // 2 // vec + (d - rot) // (2 * vec)
+    assert _launch.token_tile(0, itemsize, chunks, 2 * h, b, s) > 0  # the path under test
+    table = rng.uniform(1e-3, 1.0, (h, rot // 2))
+    cfg = cuprope.RopeConfig(rot, inv_freq=table, interleaved=interleaved, layout=layout,
+                             scale=0.75)
+    kw = {"offset": 2 ** 31 - 400 if "2**31" in pos_kind else 17}
+    if "seq_offsets" in pos_kind:
+        kw["seq_offsets"] = torch.tensor(rng.integers(0, 10 ** 6, b), dtype=torch.int64,
+                                         device="cuda")
+    q, k = rand(shape_for(layout, b, s, h, d), dtype, rng), rand(shape_for(layout, b, s, h, d),
+                                                                 dtype, rng)
+    q0, k0 = host(q), host(k)
+    xmax = max(np.abs(q0).max(), np.abs(k0).max())
+    for inverse, fn in ((False, cuprope.rope_qk_forward), (True, cuprope.rope_qk_backward)):
+        oq, ok = poisoned_like(q), poisoned_like(k)
+        fn(q, k, cfg, out=(oq, ok), **kw)
+        for got, x0 in ((oq, q0), (ok, k0)):
+            ref = expected(x0, cfg, inverse=inverse, **_np_pos(kw))
+            _record(dtype, assert_matches(host(got), ref, xmax, dtype, scale=0.75), xmax)
+    cuprope.rope_qk_forward(q, k, cfg, inplace=True, **kw)
+    for got, x0 in ((q, q0), (k, k0)):
+        ref = expected(x0, cfg, **_np_pos(kw))
+        assert_matches(host(got), ref, xmax, dtype, scale=0.75)
+        if partial:  # in place never touches dims >= R
+            assert np.array_equal(host(got)[..., rot:], x0[..., rot:])
 
 
 def test_nan_and_inf_pass_through_their_own_pair(rng):

@@ -98,6 +98,49 @@ def test_ring_depth_defaults_agree_with_the_host():
     assert "2 * kStages + (TABLE ? 4 : 0)" in src
 
 
+@pytest.mark.skipif(bool(os.environ.get("CUPROPE_KERNEL_DEFINES")),
+                    reason="a tuning run overrides the defaults")
+def test_token_run_defaults_agree_with_the_host():
+    """The host sizes token tiles from the run length the kernel compiles with
+    (kernels/rope.cuh CUPROPE_RUN16/32)."""
+    import re
+
+    from cuprope import _launch as launch
+    src = _loader.kernel_sources()["rope.cuh"]
+    for size, macro in ((2, "CUPROPE_RUN16"), (4, "CUPROPE_RUN32")):
+        assert launch.RUNS[size] == int(re.search(rf"#define {macro} (\d+)", src).group(1))
+    for size, macro in ((2, "CUPROPE_RUN_STAGES16"), (4, "CUPROPE_RUN_STAGES32")):
+        assert launch.RUN_STAGES[size] == int(re.search(rf"#define {macro} (\d+)", src).group(1))
+    # the ring holds x (two packs a lane per stage; four with x beside dO) and needs 16-byte packs
+    assert ("sizeof(T) * VEC != 16 ? 0 : sizeof(T) == 4 ? CUPROPE_RUN_STAGES32 : "
+            "CUPROPE_RUN_STAGES16") in src
+    assert "kPacks = BWD ? 4 : 2" in src
+    assert launch.token_ring_bytes(2, 8, False) == 2 * launch.RUN_STAGES[2] * 32 * 16
+    assert launch.token_ring_bytes(4, 4, True) == 4 * launch.RUN_STAGES[4] * 32 * 16
+    assert launch.token_ring_bytes(2, 1, False) == 0
+
+
+def test_token_tiles(monkeypatch):
+    """Token runs need a full run per lane (else 0: heads per warp); a tile is
+    1, 2 or 4 runs, fewer when the grid would otherwise be thin."""
+    from cuprope import _launch as launch
+    if not launch.TOKEN_RUNS:
+        pytest.skip("token runs off (tuning run)")
+    monkeypatch.setitem(launch._SM_COUNT, 0, 132)
+    run16 = 4 * launch.RUNS[2]  # bf16 D 128: 8 chunks, 4 rows per warp step
+    assert launch.token_tile(0, 2, 8, 32, 1, run16 - 1) == 0           # too short: decode-like
+    assert launch.token_tile(0, 2, 8, 32, 1, run16) == run16            # one run, thin grid
+    assert launch.token_tile(0, 2, 8, 32, 64, 8192) == 4 * run16         # plenty of warps
+    want = 16 * 132 * launch.WARPS_PER_BLOCK[2]
+    for b in (1, 4, 16):                                                 # Llama-3-8B prefill
+        t = launch.token_tile(0, 2, 8, 32, b, 4096)
+        assert t in (run16, 2 * run16, 4 * run16)
+        assert t == run16 or b * 32 * (4096 // t) >= want                # longer only if still full
+        assert t == 4 * run16 or b * 32 * (4096 // (2 * t)) < want       # and as long as that allows
+    assert launch.token_tile(0, 4, 64, 8, 2, 4096) == 0 or launch.RUNS[4] == 0 or \
+        launch.token_tile(0, 4, 64, 8, 2, 4096) % launch.RUNS[4] == 0   # one row per step
+
+
 def test_steps_cap_grows_with_the_prologue():
     """The shared source's per-warp cos/sin work grows with R and with a stream
     map, and the most steps a warp takes with it; other sources keep theirs."""
