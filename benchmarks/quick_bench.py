@@ -21,6 +21,7 @@ def timed(fn, reps=50, warm=5):
 SHAPES = {"llama": ("llama3-8b prefill", 4, 4096, 32, 8, 128),
           "32k": ("32k seq", 1, 32768, 32, 8, 128),
           "d64": ("D64 MHA", 8, 2048, 16, 16, 64),
+          "d256": ("D256", 2, 4096, 16, 4, 256),
           "decode": ("decode B256", 256, 1, 32, 8, 128),
           "partial": ("partial R64 of 128", 4, 4096, 32, 8, 128, 64),
           "interleaved": ("llama interleaved", 4, 4096, 32, 8, 128, 128, True)}
@@ -76,19 +77,29 @@ def main(argv=None):
             # kernel over the same bytes (read and written at one address)
             ew = torch.randn(inpl_bytes // 2 // sets[0][0].element_size(), device="cuda", dtype=dt)
             t_ew = timed(lambda: ew.mul_(1))
+            # context for in-place partial rotary: torch copying just the rotated part
+            # of each row (the same bytes, the same half-row access pattern)
+            t_half = float("nan")
+            if r < d:
+                def half_copy():
+                    j = i[0] % 3
+                    i[0] += 1
+                    for x, y in zip(sets[j], outs[j]):
+                        y[..., :r].copy_(x[..., :r])
+                t_half = timed(half_copy)
             t_tab = float("nan")
             if r == d:
                 cos, sin = _cos_sin(s, d, 10000.0, dt, "cuda")
                 t_tab = timed(run_tables)
             rows.append((name, str(dt).replace("torch.", ""), nbytes / t_copy / 1e12,
                          nbytes / t_rope / 1e12, t_rope * 1e6, inpl_bytes / t_inpl / 1e12,
-                         nbytes / t_tab / 1e12, inpl_bytes / t_ew / 1e12))
+                         nbytes / t_tab / 1e12, inpl_bytes / t_ew / 1e12, inpl_bytes / t_half / 1e12))
     print(f"device: {dev} {args.tag}")
     print(f"{'shape':<18} {'dtype':<9} {'copy TB/s':>9} {'qk TB/s':>8} {'qk us':>8} {'ratio':>6} "
-          f"{'inpl ratio':>10} {'tables ratio':>12} {'torch mul_ ratio':>16}")
+          f"{'inpl ratio':>10} {'tables ratio':>12} {'torch mul_ ratio':>16} {'half-row copy':>13}")
     for r in rows:
         print(f"{r[0]:<18} {r[1]:<9} {r[2]:9.2f} {r[3]:8.2f} {r[4]:8.1f} {r[3] / r[2]:6.3f} "
-              f"{r[5] / r[2]:10.3f} {r[6] / r[2]:12.3f} {r[7] / r[2]:16.3f}")
+              f"{r[5] / r[2]:10.3f} {r[6] / r[2]:12.3f} {r[7] / r[2]:16.3f} {r[8] / r[2]:13.3f}")
     if args.decode:
         from cuprope.bench import decode_host_and_kernel
         kern = sorted(decode_host_and_kernel("bf16", batch=1, calls=500)[1] for _ in range(3))
