@@ -16,9 +16,8 @@ from ._loader import (ITEMSIZE, MODULES, SRC_PER_HEAD, SRC_SHARED, SRC_TABLE, fa
 SMEM_LIMIT = 48 * 1024  # per block, the most a launch gets without opting in
 
 # Mirrors struct RopeArgs in kernels/rope.cuh: 34 int64, 2 float64, 2 int64,
-# then the LRPE fields (aux_ptr, aux strides x3, stats_ptr, stats_plane), tok_tile
-# and the host-made constants (chunks, div_cpr, div_unit, div_tok).
-_ARGS = struct.Struct("<34q2d13q")
+# then the LRPE fields (aux_ptr, aux strides x3, stats_ptr, stats_plane) and tok_tile.
+_ARGS = struct.Struct("<34q2d9q")
 _ARGS_DTYPE = np.dtype([("raw", np.uint8, (_ARGS.size,))])
 
 _SM_COUNT: dict[int, int] = {}
@@ -206,16 +205,6 @@ def _token_grid(itemsize, per_warp, units):
     return (-(-units // wpb), 1, 1), (32 * wpb, 1, 1), wpb * per_warp
 
 
-def div_u31(d: int) -> int:
-    """The constant for kernels/rope.cuh div_u31 (n // d for 0 <= n < 2^31,
-    1 <= d < 2^31): M = ceil(2^sh / d) in the low 32 bits, sh = 31 +
-    ceil(log2 d) above them. M < 2^32 (2^(sh-32) < d <= 2^(sh-31))."""
-    if not 1 <= d < 1 << 31:
-        raise ValueError(f"divisor {d} out of range")
-    sh = 31 + (d - 1).bit_length()
-    return -(-(1 << sh) // d) | sh << 32
-
-
 # Offsets of the per-call fields in the int64 view of RopeArgs.
 _IN0, _IN1, _OUT0, _OUT1, _POS, _SEQ, _OFFSET = 0, 1, 2, 3, 23, 28, 30
 _SCALE, _SIN_SIGN = 34, 35  # the two float64 fields (checked against the C struct by a test)
@@ -324,16 +313,8 @@ def make_plan(*, device, dtype, interleaved, plans, n_batch, n_seq, head_dim, ro
             and run_smem <= SMEM_LIMIT):
         tile = token_tile(device, ITEMSIZE[dtype], chunks, htot, n_batch, n_seq)
     if tile:  # one warp per (sequence, token tile, head)
-        groups = -(-n_seq // tile)  # the kernel reads the tiles per sequence from head_groups
-        grid, block, smem = _token_grid(ITEMSIZE[dtype], run_smem, htot * n_batch * groups)
-        div_unit, div_tok = div_u31(htot), div_u31(groups)
-        units = n_batch * groups * htot
-    else:
-        div_unit, div_tok = div_u31(groups), div_u31(max(1, n_seq))  # (empty launches never run)
-        units = n_batch * n_seq * groups
-    if units >= 1 << 31:
-        raise ValueError(f"{units} warps of work are too many for one launch (the kernel "
-                         "indexes them in 31 bits); split the batch")
+        grid, block, smem = _token_grid(ITEMSIZE[dtype], run_smem,
+                                        htot * n_batch * -(-n_seq // tile))
     p0 = plans[0]
     p1 = plans[1] if len(plans) > 1 else p0
     pos_is64, pss, psb, pst = pos if pos is not None else (0, 0, 0, 0)
@@ -356,7 +337,7 @@ def make_plan(*, device, dtype, interleaved, plans, n_batch, n_seq, head_dim, ro
         groups, per_group,
         0, aux_strides[0], aux_strides[1], aux_strides[2],
         0, n_batch * heads[0] * head_dim,
-        tile, chunks, div_u31(max(1, min(chunks, 32))), div_unit, div_tok)
+        tile)
     func = _function(device, dtype, interleaved, vec, src, act, backward_act)
     plan = LaunchPlan(device, func, grid, block, smem, vec, vec * ITEMSIZE[dtype], fields)
     if act == SOFTMAX_SEQ:

@@ -73,16 +73,8 @@ struct RopeArgs {
   long long stats_ptr;               // float*, sequence-softmax statistics [2 or 3][B*H*D]
   long long stats_plane;             // B*H*D, the length of one plane of stats
   // token runs (kSrcPerHead with implicit positions): tokens per warp, the
-  // warp owning one head of them (see rope_kernel; head_groups then holds the
-  // token tiles per sequence); 0: heads per warp
+  // warp owning one head of them (see rope_kernel); 0: heads per warp
   long long tok_tile;
-  // made on the host (cuprope/_launch.py), so the kernel divides by none of
-  // its runtime values (each division was ~25 dependent instructions at the
-  // head of every warp, which decode's few warps cannot hide)
-  long long chunks;    // chunks per head: rotated, then pass-through
-  long long div_cpr;   // div_u31 constant for cpr = min(chunks, 32)
-  long long div_unit;  // ... for the heads groups per token (token runs: the heads)
-  long long div_tok;   // ... for n_seq (token runs: the token tiles per sequence)
 };
 // The cos/sin-table angle source (SRC == kSrcTable) reuses the position
 // fields: cos at pos_ptr, sin at seq_off_ptr, two [B, S, R] tables in T with
@@ -197,14 +189,6 @@ __device__ __forceinline__ float2 unit_rotation(long long pos, double inv_freq, 
 // roundings per component, so each step of a token run adds at most ~1.2e-7.
 __device__ __forceinline__ float2 compose(float2 z, float2 w) {
   return make_float2(fmaf(z.x, w.x, -(z.y * w.y)), fmaf(z.y, w.x, z.x * w.y));
-}
-
-// n / d for 0 <= n < 2^31 from m = M | sh << 32, M = ceil(2^sh / d) and
-// sh = 31 + ceil(log2 d) (cuprope/_launch.py div_u31): floor(n * M / 2^sh) is
-// exact since n * M / 2^sh exceeds n / d by less than 2^31 / 2^sh <= 1 / d.
-__device__ __forceinline__ unsigned div_u31(unsigned n, long long m) {
-  const unsigned long long p = static_cast<unsigned long long>(n) * static_cast<unsigned>(m);
-  return static_cast<unsigned>(p >> static_cast<unsigned>(m >> 32));
 }
 
 __device__ __forceinline__ long long load_index(long long ptr, long long i, bool is64) {
@@ -790,11 +774,11 @@ __global__ void __launch_bounds__(kThreads, (SRC == kSrcShared && ACT == kActNon
   const int rot_chunks = npairs / VEC;
   // copy_rest: packs per pass-through chunk (0: none, in-place)
   const int cw = static_cast<int>(a.copy_rest);
-  const int chunks = static_cast<int>(a.chunks);  // rot_chunks + (D - R) / (VEC * cw) if cw
+  const int chunks = rot_chunks + (cw ? static_cast<int>((a.head_dim - a.rot_dim) / (VEC * cw)) : 0);
   const int cpr = min(chunks, 32);
-  const int rpw = static_cast<int>(div_u31(32u, a.div_cpr));  // 32 / cpr
+  const int rpw = 32 / cpr;
   const int lane = threadIdx.x & 31;
-  const int sub = static_cast<int>(div_u31(static_cast<unsigned>(lane), a.div_cpr));
+  const int sub = static_cast<int>(static_cast<unsigned>(lane) / static_cast<unsigned>(cpr));
   const int heads0 = static_cast<int>(a.heads[0]);
   const int htot = heads0 + static_cast<int>(a.heads[1]);
   const unsigned unit = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
@@ -803,13 +787,13 @@ __global__ void __launch_bounds__(kThreads, (SRC == kSrcShared && ACT == kActNon
   // and tokens [s, s + tok_tile) of sequence b, the unit ordered (b, tile, head).
   const bool runs = PER_HEAD && a.tok_tile != 0;
   const unsigned tile = static_cast<unsigned>(a.tok_tile);
-  const unsigned groups = static_cast<unsigned>(a.head_groups);  // runs: token tiles
+  const unsigned groups = runs ? (n_seq + tile - 1) / tile : static_cast<unsigned>(a.head_groups);
   if (unit >= static_cast<unsigned>(a.n_batch) * groups * (runs ? htot : n_seq)) return;
-  const unsigned tok = div_u31(unit, a.div_unit);  // runs: b * groups + tile index
+  const unsigned tok = runs ? unit / htot : unit / groups;  // runs: b * groups + tile index
   const int h0 = runs ? static_cast<int>(unit - tok * htot)
                       : static_cast<int>(unit - tok * groups) * static_cast<int>(a.heads_per_group);
   const int h1 = runs ? h0 + 1 : min(htot, h0 + static_cast<int>(a.heads_per_group));
-  const unsigned b = div_u31(tok, a.div_tok);
+  const unsigned b = tok / (runs ? groups : n_seq);
   const unsigned s = runs ? (tok - b * groups) * tile : tok - b * n_seq;
   float2* my_cs = warp_cs + (threadIdx.x >> 5) * npairs;
   // the token's position in stream 0: loaded once, not once per pair (with

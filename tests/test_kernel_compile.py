@@ -141,34 +141,6 @@ def test_token_tiles(monkeypatch):
         launch.token_tile(0, 4, 64, 8, 2, 4096) % launch.RUNS[4] == 0   # one row per step
 
 
-def test_host_division_constants_are_exact():
-    """kernels/rope.cuh div_u31 divides with a host-made constant: the kernel's
-    formula (n * M) >> sh must give n // d for every n < 2^31 the kernel
-    divides (units, tokens, lanes) and every divisor it is given."""
-    import random
-    import re
-
-    from cuprope import _launch as launch
-    src = _loader.kernel_sources()["rope.cuh"]
-    assert re.search(r"static_cast<unsigned long long>\(n\) \* static_cast<unsigned>\(m\)", src)
-    assert "p >> static_cast<unsigned>(m >> 32)" in src
-    rng = random.Random(0)
-    divisors = list(range(1, 2049)) + [rng.randrange(1, 1 << 31) for _ in range(2000)] + \
-        [1 << 30, (1 << 30) + 1, (1 << 31) - 1]
-    for d in divisors:
-        m = launch.div_u31(d)
-        mult, sh = m & 0xFFFFFFFF, m >> 32
-        assert mult == m - (sh << 32) and mult < 1 << 32
-        top = (1 << 31) - 1
-        ns = {0, 1, d - 1, d, d + 1, top, top - top % d, top - top % d - 1}
-        ns.update(rng.randrange(1 << 31) for _ in range(50))
-        for n in ns:
-            if 0 <= n <= top:
-                assert (n * mult) >> sh == n // d, (n, d)
-    with pytest.raises(ValueError):
-        launch.div_u31(0)
-
-
 def test_steps_cap_grows_with_the_prologue():
     """The shared source's per-warp cos/sin work grows with R and with a stream
     map, and the most steps a warp takes with it; other sources keep theirs."""
