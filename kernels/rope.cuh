@@ -100,6 +100,54 @@ struct alignas(sizeof(T) * N) Pack {
   T v[N];
 };
 
+// A pack's elements as fp32 and back, for the instruction-bound LRPE
+// kernels. The 16-bit types go two elements per 32-bit word: bf16 widens by
+// a shift or a mask (element by element the compiler first extracted each
+// half, two instructions per element), and both narrow two elements per
+// instruction (element by element, pairs that land in different packs were
+// narrowed together and split apart again). The memory-bound rotate_chunk
+// keeps the element-wise form: there it measured 0.5-1 % slower (NOTES 24).
+template <typename T> constexpr bool kIsHalf = false;
+template <> constexpr bool kIsHalf<__half> = true;
+template <typename T, int N>
+__device__ __forceinline__ void unpack_f32(const Pack<T, N>& p, float (&f)[N]) {
+  if constexpr (sizeof(T) == 2 && N % 2 == 0) {
+#pragma unroll
+    for (int i = 0; i < N; i += 2) {
+      // (the pack is aligned to 16 bytes and i is even: a whole 32-bit word)
+      if constexpr (!kIsHalf<T>) {  // bf16: the high half of fp32
+        const unsigned w = *reinterpret_cast<const unsigned*>(&p.v[i]);
+        f[i] = __uint_as_float(w << 16);
+        f[i + 1] = __uint_as_float(w & 0xffff0000u);
+      } else {
+        const float2 g = __half22float2(*reinterpret_cast<const __half2*>(&p.v[i]));
+        f[i] = g.x;
+        f[i + 1] = g.y;
+      }
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; ++i) f[i] = to_f32(p.v[i]);
+  }
+}
+
+template <typename T, int N>
+__device__ __forceinline__ void pack_f32(const float (&f)[N], Pack<T, N>& p) {
+  if constexpr (sizeof(T) == 2 && N % 2 == 0) {
+#pragma unroll
+    for (int i = 0; i < N; i += 2) {
+      if constexpr (kIsHalf<T>) {
+        *reinterpret_cast<__half2*>(&p.v[i]) = __floats2half2_rn(f[i], f[i + 1]);
+      } else {
+        *reinterpret_cast<__nv_bfloat162*>(&p.v[i]) = __floats2bfloat162_rn(f[i], f[i + 1]);
+      }
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; ++i) p.v[i] = from_f32<T>(f[i]);
+  }
+}
+
 template <typename T, int N>
 __device__ __forceinline__ Pack<T, N> load_pack(long long ptr, long long off) {
   return *reinterpret_cast<const Pack<T, N>*>(reinterpret_cast<const T*>(ptr) + off);
@@ -468,11 +516,14 @@ __device__ __forceinline__ float act_grad(float x) {
 template <typename T, int VEC>
 __device__ __forceinline__ void rotate_f32(const float* v1, const float* v2, const float2* cs,
                                            Pack<T, VEC>& p0, Pack<T, VEC>& p1) {
+  float o1[VEC], o2[VEC];
 #pragma unroll
   for (int v = 0; v < VEC; ++v) {
-    p0.v[v] = from_f32<T>(v1[v] * cs[v].x - v2[v] * cs[v].y);
-    p1.v[v] = from_f32<T>(v2[v] * cs[v].x + v1[v] * cs[v].y);
+    o1[v] = v1[v] * cs[v].x - v2[v] * cs[v].y;
+    o2[v] = v2[v] * cs[v].x + v1[v] * cs[v].y;
   }
+  pack_f32(o1, p0);
+  pack_f32(o2, p1);
 }
 
 // VEC floats of the sequence-softmax statistics, in loads of at most 16 bytes
@@ -506,11 +557,8 @@ __device__ __forceinline__ void lrpe_chunk(const RopeArgs& a, Pack<T, VEC>& p0, 
                                            const float2* cs, long long scol, long long e0,
                                            long long e1) {
   float v1[VEC], v2[VEC];
-#pragma unroll
-  for (int v = 0; v < VEC; ++v) {
-    v1[v] = to_f32(p0.v[v]);
-    v2[v] = to_f32(p1.v[v]);
-  }
+  unpack_f32(p0, v1);
+  unpack_f32(p1, v2);
   [[maybe_unused]] Pack<float, VEC> r0, r1, l0, l1, d0, d1;  // sequence statistics
   if constexpr (ACT == kActSoftmaxSeq) {
     const long long pl = a.stats_plane;
@@ -536,25 +584,25 @@ __device__ __forceinline__ void lrpe_chunk(const RopeArgs& a, Pack<T, VEC>& p0, 
     }
     rotate_f32<T, VEC>(v1, v2, cs, p0, p1);
   } else {
+    float x1[VEC], x2[VEC], o1[VEC], o2[VEC];
+    unpack_f32(xa0, x1);
+    unpack_f32(xa1, x2);
 #pragma unroll
     for (int v = 0; v < VEC; ++v) {
       const float g1 = v1[v] * cs[v].x - v2[v] * cs[v].y;
       const float g2 = v2[v] * cs[v].x + v1[v] * cs[v].y;
-      const float x1 = to_f32(xa0.v[v]);
-      const float x2 = to_f32(xa1.v[v]);
-      float o1, o2;
       if constexpr (ACT == kActSoftmaxSeq) {
-        const float s1 = expf(x1 - r0.v[v]) / l0.v[v];
-        const float s2 = expf(x2 - r1.v[v]) / l1.v[v];
-        o1 = s1 * (g1 - d0.v[v]);
-        o2 = s2 * (g2 - d1.v[v]);
+        const float s1 = expf(x1[v] - r0.v[v]) / l0.v[v];
+        const float s2 = expf(x2[v] - r1.v[v]) / l1.v[v];
+        o1[v] = s1 * (g1 - d0.v[v]);
+        o2[v] = s2 * (g2 - d1.v[v]);
       } else {
-        o1 = act_grad<ACT>(x1) * g1;
-        o2 = act_grad<ACT>(x2) * g2;
+        o1[v] = act_grad<ACT>(x1[v]) * g1;
+        o2[v] = act_grad<ACT>(x2[v]) * g2;
       }
-      p0.v[v] = from_f32<T>(o1);
-      p1.v[v] = from_f32<T>(o2);
     }
+    pack_f32(o1, p0);
+    pack_f32(o2, p1);
   }
 }
 
