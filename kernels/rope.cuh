@@ -359,9 +359,15 @@ __device__ __forceinline__ int cs_stride(int npairs) {  // slots between pair j 
 }
 
 // Rotate the pairs of a chunk held in two packs (pair_slot). cos/sin of pair
-// v: cs0[v * stride], or cs1[(v - VEC/2) * stride] for the interleaved pairs
-// of pack 1 (stride 1 for registers; cs_slot's column stride in shared
-// memory).
+// v (pair_value): cs0[v * stride], or cs1[(v - VEC/2) * stride] for the
+// interleaved pairs of pack 1 (stride 1 for registers; cs_slot's column
+// stride in shared memory).
+template <bool INTERLEAVED, int VEC>
+__device__ __forceinline__ float2 pair_value(const float2* cs0, const float2* cs1, int stride,
+                                             int v) {
+  return (INTERLEAVED && VEC > 1 && 2 * v >= VEC) ? cs1[(v - VEC / 2) * stride] : cs0[v * stride];
+}
+
 template <typename T, bool INTERLEAVED, int VEC>
 __device__ __forceinline__ void rotate_chunk(Pack<T, VEC>& p0, Pack<T, VEC>& p1,
                                              const float2* cs0, const float2* cs1, int stride) {
@@ -370,8 +376,7 @@ __device__ __forceinline__ void rotate_chunk(Pack<T, VEC>& p0, Pack<T, VEC>& p1,
     const Slot q = pair_slot<INTERLEAVED, VEC>(v);
     T& e1 = (q.k1 == 0 ? p0 : p1).v[q.i1];
     T& e2 = (q.k2 == 0 ? p0 : p1).v[q.i2];
-    const float2 cs =
-        (INTERLEAVED && VEC > 1 && 2 * v >= VEC) ? cs1[(v - VEC / 2) * stride] : cs0[v * stride];
+    const float2 cs = pair_value<INTERLEAVED, VEC>(cs0, cs1, stride, v);
     const float x1 = to_f32(e1);
     const float x2 = to_f32(e2);
     e1 = from_f32<T>(x1 * cs.x - x2 * cs.y);
@@ -1005,7 +1010,8 @@ __global__ void __launch_bounds__(kThreads, (SRC == kSrcShared && ACT == kActNon
       // exactly at rows k % kRun == 0 and composed with the exact rotation by
       // rpw positions in between (CUPROPE_RUN16/32: the error stays bounded
       // at any position). The scale rides on the exact values (composing
-      // with a unit rotation keeps it).
+      // with a unit rotation keeps it; pair_cos_sin's value, without its
+      // stream-map branch and freq reload, which cost registers here).
       constexpr int kRun = sizeof(T) == 4 ? CUPROPE_RUN32 : CUPROPE_RUN16;
       const int hh = h0 >= heads0 ? h0 - heads0 : h0;
       const double* freq = reinterpret_cast<const double*>(a.inv_freq_ptr) + hh * a.freq_sh;
@@ -1095,11 +1101,8 @@ __global__ void __launch_bounds__(kThreads, (SRC == kSrcShared && ACT == kActNon
               }
             } else {
 #pragma unroll
-              for (int v = 0; v < VEC; ++v) {  // pair v's step: as rotate_chunk finds its cos/sin
-                const float2 w = (INTERLEAVED && VEC > 1 && 2 * v >= VEC)
-                                     ? w1[(v - VEC / 2) * wstride] : w0[v * wstride];
-                z[v] = compose(z[v], w);
-              }
+              for (int v = 0; v < VEC; ++v)
+                z[v] = compose(z[v], pair_value<INTERLEAVED, VEC>(w0, w1, wstride, v));
             }
             if constexpr (ACT == kActNone) {
               rotate_chunk<T, INTERLEAVED, VEC>(x0, x1, z, z + VEC / 2, 1);
