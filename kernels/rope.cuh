@@ -257,6 +257,18 @@ __device__ __forceinline__ long long token_position(const RopeArgs& a, unsigned 
   return p;
 }
 
+// Inverse frequency of pair j in row `frow` of the frequency table.
+__device__ __forceinline__ double inv_freq_at(const RopeArgs& a, long long frow, int j) {
+  return reinterpret_cast<const double*>(a.inv_freq_ptr)[frow * a.freq_sh + j];
+}
+
+// (cos, sin) of pos * f with the scale and the sin sign applied.
+__device__ __forceinline__ float2 scaled_cos_sin(const RopeArgs& a, long long pos, double f) {
+  const float2 cs = exact_cos_sin(pos, f);
+  const float sc = static_cast<float>(a.scale);
+  return make_float2(cs.x * sc, cs.y * sc * static_cast<float>(a.sin_sign));
+}
+
 // (cos, sin) of pair j for the token at (b, s) and head row `frow` of the
 // frequency table, with scale and sin sign applied. pos0: the token's position
 // in stream 0, which every pair uses when there is no stream map (callers
@@ -267,10 +279,7 @@ __device__ __forceinline__ float2 pair_cos_sin(const RopeArgs& a, unsigned b, un
       a.stream_map_ptr
           ? token_position(a, b, s, reinterpret_cast<const int*>(a.stream_map_ptr)[j])
           : pos0;
-  const double f = reinterpret_cast<const double*>(a.inv_freq_ptr)[frow * a.freq_sh + j];
-  const float2 cs = exact_cos_sin(pos, f);
-  const float sc = static_cast<float>(a.scale);
-  return make_float2(cs.x * sc, cs.y * sc * static_cast<float>(a.sin_sign));
+  return scaled_cos_sin(a, pos, inv_freq_at(a, frow, j));
 }
 
 __device__ __forceinline__ float2 pair_cos_sin(const RopeArgs& a, unsigned b, unsigned s, int j,
@@ -852,12 +861,20 @@ __global__ void __launch_bounds__(kThreads, (SRC == kSrcShared && ACT == kActNon
   // the token's position in stream 0: loaded once, not once per pair (with
   // few tokens, as in decode, the launch is one dependent chain of loads)
   auto stream0_position = [&]() { return a.stream_map_ptr ? 0 : token_position(a, b, s, 0); };
-  // this lane's share of the token's cos/sin into the warp's slice (kSrcShared)
-  auto warp_cos_sin = [&]() {
-    const long long pos0 = stream0_position();
-    for (int p = lane; p < npairs; p += 32)
-      my_cs[cs_slot<INTERLEAVED, VEC>(p, npairs)] = pair_cos_sin(a, b, s, p, 0, pos0);
+  // this lane's share of the token's cos/sin into the warp's slice
+  // (kSrcShared). pos0, f0: the token's stream-0 position and the inverse
+  // frequency of the lane's first pair, which the staged path loads before
+  // priming its ring
+  auto warp_cos_sin_from = [&](long long pos0, double f0) {
+    for (int p = lane; p < npairs; p += 32) {
+      const float2 cs = p == lane && !a.stream_map_ptr ? scaled_cos_sin(a, pos0, f0)
+                                                       : pair_cos_sin(a, b, s, p, 0, pos0);
+      my_cs[cs_slot<INTERLEAVED, VEC>(p, npairs)] = cs;
+    }
     __syncwarp();
+  };
+  auto warp_cos_sin = [&]() {
+    warp_cos_sin_from(stream0_position(), lane < npairs ? inv_freq_at(a, 0, lane) : 0.0);
   };
   if constexpr (ACT == kActSoftmax) {  // every lane stays: the row reductions shuffle
     if (!PER_HEAD) warp_cos_sin();
@@ -969,8 +986,17 @@ __global__ void __launch_bounds__(kThreads, (SRC == kSrcShared && ACT == kActNon
 #pragma unroll
       for (int j = 0; j + 1 < kStages; ++j) issue(h0 + sub + j * rpw, j);
     };
+    // the angle inputs' loads go out before the ring's: the cp.async memory
+    // clobber would keep them behind it, and in a short launch (decode) they
+    // head the chain position -> trig -> rotation
+    long long pos0 = 0;
+    double f0 = 0.0;
+    if constexpr (!TABLE) {
+      pos0 = stream0_position();
+      if (lane < npairs) f0 = inv_freq_at(a, 0, lane);
+    }
     if (active) prime();  // in flight while the cos/sin are computed
-    if constexpr (!TABLE) warp_cos_sin();
+    if constexpr (!TABLE) warp_cos_sin_from(pos0, f0);
     if (!active) return;
     for (bool primed = true; c < chunks; c += cpr, primed = false) {
       if (!primed) prime();
