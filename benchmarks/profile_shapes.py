@@ -1,7 +1,8 @@
 """One launch each of cuprope's q-only forward and a copy of the same bytes on
 the suite's shapes, for Nsight Compute (the copy is torch's copy kernel):
 
-    ncu -k regex:"rope_kernel|copy" --launch-skip 4 --launch-count 2 --section SpeedOfLight --section Occupancy --section LaunchStats \\
+    ncu -k regex:"rope_kernel|copy" --launch-skip 4 --launch-count 2 \\
+        --section SpeedOfLight --section Occupancy --section LaunchStats \\
         python benchmarks/profile_shapes.py d64 [bf16]
 
 Shapes as in benchmarks/size_sweep.py: llama, d64, d256."""

@@ -27,7 +27,8 @@ def _compile(arch: str, names, include_first=None, defines=()):
     if cudart is None:
         pytest.skip("CUDA runtime headers (nvidia-cuda-runtime wheel) not found")
     first = [f"-I{include_first}"] if include_first else []
-    opts = [o.encode() for o in first + list(_loader.compile_options()) + [f"-D{d}" for d in defines]] + [
+    extra = [f"-D{d}" for d in defines]
+    opts = [o.encode() for o in first + list(_loader.compile_options()) + extra] + [
         f"-I{cudart}".encode(), b"--std=c++17", b"-ftz=true", f"--gpu-architecture={arch}".encode()]
     rc = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)[0]
     size = _check(nvrtc.nvrtcGetProgramLogSize(prog))
