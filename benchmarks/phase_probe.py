@@ -8,9 +8,9 @@ never committed into the kernel):
 (tests/test_kernel_compile.py checks that the patch still applies and compiles.)
 
 Marks per warp (SM cycles since the warp's first instruction): 0 indices
-decoded, 1 position, first frequency and ring loads issued, 2 cos/sin in shared memory (position
-load + trig), 3 first head landed, 4 last store issued; plus the warp's
-globaltimer span. Decode B 1: Hq 32, Hk 8, D 128, bf16, in place, int32
+decoded, 1 position, first frequency and ring loads issued, 2 cos/sin in
+shared memory (position load + trig), 3 first head landed, 4 last store
+issued; plus the warp's globaltimer span. Decode B 1: Hq 32, Hk 8, D 128, bf16, in place, int32
 positions, replayed in a CUDA graph."""
 import os
 import statistics

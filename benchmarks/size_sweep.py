@@ -1,9 +1,9 @@
 """Ratio to copy as the sequence grows: separates a fixed cost per launch
 (ramp-up, the last wave's tail, per-warp prologues) from the steady-state rate.
 
-    python benchmarks/size_sweep.py [--shapes d64,d256,llama] [--dtypes bf16]
+    python benchmarks/size_sweep.py [--shapes mha-d64,d256,llama3-8b] [--dtypes bf16]
 
-For each shape the sequence length is scaled by 1/4 ... 4; each row gives the
+Shapes are the suite's (cuprope.bench.SHAPES). For each shape the sequence length is scaled by 1/4 ... 4; each row gives the
 ratio to a copy of the same bytes and the *marginal* ratio between a size and
 the previous one (the copy's extra time over cuprope's extra time), which is
 the steady-state rate with the fixed costs cancelled."""
@@ -12,9 +12,8 @@ import argparse
 import torch
 
 import cuprope
-from cuprope.bench import time_gpu
+from cuprope.bench import SHAPES, time_gpu
 
-SHAPES = {"llama": (4, 4096, 32, 8, 128), "d64": (8, 2048, 16, 16, 64), "d256": (2, 4096, 16, 4, 256)}
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 SCALES = (0.25, 0.5, 1, 2, 4)
 
@@ -25,17 +24,17 @@ def timed(fn):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--shapes", default="d64,d256,llama")
+    ap.add_argument("--shapes", default="mha-d64,d256,llama3-8b")
     ap.add_argument("--dtypes", default="bf16")
     ap.add_argument("--ops", default="fwd,qk_fwd")
     args = ap.parse_args()
-    print(f"{'shape':6s} {'op':7s} {'dt':4s} {'S':>6s} {'MiB':>6s} {'copy us':>8s} {'rope us':>8s} "
+    print(f"{'shape':11s} {'op':7s} {'dt':4s} {'S':>6s} {'MiB':>6s} {'copy us':>8s} {'rope us':>8s} "
           f"{'ratio':>6s} {'marginal':>8s}")
     for key in args.shapes.split(","):
-        b, s0, hq, hk, d = SHAPES[key]
+        b, s0, hq, hk, d, r = SHAPES[key]
         for dn in args.dtypes.split(","):
             dt = DTYPES[dn]
-            cfg = cuprope.RopeConfig(d)
+            cfg = cuprope.RopeConfig(r)
             for op in args.ops.split(","):
                 prev = None
                 for f in SCALES:
@@ -60,7 +59,7 @@ def main():
                     tc = timed(lambda: dst.copy_(src))
                     tr = timed(run)
                     marg = "" if prev is None else f"{(tc - prev[0]) / (tr - prev[1]):8.3f}"
-                    print(f"{key:6s} {op:7s} {dn:4s} {s:6d} {2 * nbytes / 2**20:6.0f} {tc * 1e6:8.2f} "
+                    print(f"{key:11s} {op:7s} {dn:4s} {s:6d} {2 * nbytes / 2**20:6.0f} {tc * 1e6:8.2f} "
                           f"{tr * 1e6:8.2f} {tc / tr:6.3f} {marg:>8s}", flush=True)
                     prev = (tc, tr)
                     del sets, outs, src, dst

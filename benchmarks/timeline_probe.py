@@ -1,10 +1,10 @@
 """Warp timeline of one large launch, from the phase probe's globaltimer marks
 (benchmarks/phase_probe.patch, applied on the device only):
 
-    patch -p1 < benchmarks/phase_probe.patch && python benchmarks/timeline_probe.py d64
+    patch -p1 < benchmarks/phase_probe.patch && python benchmarks/timeline_probe.py mha-d64
     patch -R -p1 < benchmarks/phase_probe.patch
 
-q-only forward, bf16, shapes as in size_sweep.py. Prints the launch's span
+q-only forward, bf16, the suite's shapes (cuprope.bench.SHAPES). Prints the launch's span
 from the first warp's start to the last warp's end, how long the GPU takes
 to reach its peak count of resident warps (the ramp), how long the count
 stays below half of that peak at the end (the tail), and the copy of the same
@@ -16,19 +16,18 @@ import sys
 
 import torch
 
-SHAPES = {"llama": (4, 4096, 32, 128), "d64": (8, 2048, 16, 64), "d256": (2, 4096, 16, 256)}
-key = sys.argv[1] if len(sys.argv) > 1 else "d64"
-b, s, h, d = SHAPES[key]
+key = sys.argv[1] if len(sys.argv) > 1 else "mha-d64"
 MAX_UNITS = 1 << 20
 buf = torch.zeros(10 * MAX_UNITS, dtype=torch.int64, device="cuda")
 os.environ["CUPROPE_KERNEL_DEFINES"] = (os.environ.get("CUPROPE_KERNEL_DEFINES", "")
                                         + f" CUPROPE_PHASES={buf.data_ptr()}ull")
 import cuprope  # noqa: E402  (the define must be set before the first compile)
-from cuprope.bench import time_gpu  # noqa: E402
+from cuprope.bench import SHAPES, time_gpu  # noqa: E402
 
+b, s, h, _, d, r = SHAPES[key]
 x = torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16)
 y = torch.empty_like(x)
-cfg = cuprope.RopeConfig(d)
+cfg = cuprope.RopeConfig(r)
 for _ in range(3):
     cuprope.rope_forward(x, cfg, out=y)
 t_rope = time_gpu(lambda: cuprope.rope_forward(x, cfg, out=y), reps=20)
