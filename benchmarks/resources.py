@@ -22,7 +22,7 @@ def main():
     os.environ["CUPROPE_KERNEL_DEFINES"] = args.defines
     import test_kernel_compile as tkc  # NVRTC driver shared with the compile test
 
-    from cuprope import _loader
+    from cuprope._core import loader as _loader
     names = _loader.all_kernel_names(args.family)
     from cuda.bindings import nvrtc
     src = _loader.kernel_sources()[_loader.ENTRY].encode()

@@ -24,7 +24,7 @@ import threading
 import numpy as np
 
 from . import reference
-from ._arrays import FLOAT_DTYPES, INDEX_DTYPES, describe, empty_like, overlaps, wrap_like
+from ._core.arrays import FLOAT_DTYPES, INDEX_DTYPES, describe, empty_like, overlaps, wrap_like
 from .config import RopeConfig
 
 MAX_TOKENS = 2 ** 31 - 1  # the kernel indexes tokens in 32 bits
@@ -362,7 +362,7 @@ def _gpu_backend(infos, out_infos, config, inverse, pos_info, seq_info, offset, 
             tuple((o.strides, o.ptr % 16) for o in out_infos))
     entry = config._plans.get(gkey)
     if entry is None:
-        from ._launch import make_plan
+        from ._core.launch import make_plan
 
         inv_freq, smap = config.device_tables(device)
         plan = make_plan(
@@ -393,7 +393,7 @@ def _outputs(infos, out_infos):
 
 
 def _tensor_plans(infos, out_infos, layout):
-    from ._launch import TensorPlan
+    from ._core.launch import TensorPlan
     return [TensorPlan(i.ptr, o.ptr, _canon_strides(i.strides, layout),
                        _canon_strides(o.strides, layout), _canon(i.shape, layout)[2])
             for i, o in zip(infos, out_infos)]

@@ -51,8 +51,8 @@ from collections import OrderedDict
 
 import numpy as np
 
-from ._arrays import describe
-from ._checks import as_float, as_int
+from ._core.arrays import describe
+from ._core.checks import as_float, as_int
 from .api import rope_backward, rope_forward
 from .config import RopeConfig, _host
 

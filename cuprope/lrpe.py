@@ -49,8 +49,8 @@ from collections import OrderedDict
 import numpy as np
 
 from . import reference as _ref
-from ._arrays import FLOAT_DTYPES, describe, empty_like, overlaps, wrap_like
-from ._loader import lrpe_vec_widths
+from ._core.arrays import FLOAT_DTYPES, describe, empty_like, overlaps, wrap_like
+from ._core.loader import lrpe_vec_widths
 from .config import RopeConfig, _host
 
 __all__ = ["rotate_1d_forward", "rotate_1d_backward", "normalize_theta", "activation",
@@ -399,7 +399,7 @@ def _softmax_rows_fit(main, xinfo, out_info, d):
     """True when a head-dim softmax row fits one chunk per lane (at most 32
     lanes of VEC pairs) for these pointers and strides: the fused kernel's
     row reduction handles exactly that case."""
-    from ._launch import TensorPlan, pick_vec
+    from ._core.launch import TensorPlan, pick_vec
     plans = [TensorPlan(i.ptr, i.ptr, _canon_strides(i), _canon_strides(i), _bnhd(i.shape)[2])
              for i in (main, xinfo, out_info) if i is not None]
     b, n = _bnhd(main.shape)[:2]
@@ -437,7 +437,7 @@ def _copy_into(out_info, res):
 def _gpu_backend_fused(backward, main, xinfo, out_info, cfg, offset, act, dim, bnhd):
     import cupy
 
-    from ._launch import TensorPlan, make_plan
+    from ._core.launch import TensorPlan, make_plan
     from .api import _stream_ptr
 
     b, n, h, d = bnhd

@@ -44,7 +44,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from ._checks import as_float, as_int
+from ._core.checks import as_float, as_int
 from .config import RopeConfig
 
 __all__ = [

@@ -26,7 +26,7 @@ from __future__ import annotations
 import threading
 
 from . import reference
-from ._arrays import FLOAT_DTYPES, describe, overlaps
+from ._core.arrays import FLOAT_DTYPES, describe, overlaps
 from .config import LAYOUTS
 
 __all__ = ["rope_table_forward", "rope_table_backward", "rope_qk_table_forward",
@@ -189,7 +189,7 @@ def _numpy_backend(infos, out_infos, cinfo, sinfo, layout, interleaved, inverse)
 def _gpu_backend(src, infos, out_infos, cinfo, sinfo, tstrides, r, inverse, bsd, stream,
                  cache_key):
     from . import api
-    from ._launch import make_plan
+    from ._core.launch import make_plan
 
     b, s, d = bsd
     device = infos[0].device

@@ -257,7 +257,7 @@ def test_per_head_token_runs(dtype, interleaved, partial, layout, pos_kind, rng)
     slack; fused q/k out of place, backward, and in place."""
     import torch
 
-    from cuprope import _launch
+    from cuprope._core import launch as _launch
     b, s, h, d = 2, 300, 3, 128
     rot = d // 2 if partial else d
     itemsize = 4 if dtype == "float32" else 2

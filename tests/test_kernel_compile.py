@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from cuprope import _loader
+from cuprope._core import loader as _loader
 
 nvrtc = pytest.importorskip("cuda.bindings.nvrtc", reason="cuda-bindings (test extra) not installed")
 pathfinder = pytest.importorskip("cuda.pathfinder", reason="cuda-pathfinder (test extra) not installed")
@@ -84,7 +84,7 @@ def test_ring_depth_defaults_agree_with_the_host():
     the same rule for which instantiations load through the ring."""
     import re
 
-    from cuprope import _launch as launch
+    from cuprope._core import launch
     src = _loader.kernel_sources()["rope.cuh"]
     for size, macro in ((2, "CUPROPE_STAGES16"), (4, "CUPROPE_STAGES32")):
         default = int(re.search(rf"#define {macro} (\d+)", src).group(1))
@@ -109,7 +109,7 @@ def test_token_run_defaults_agree_with_the_host():
     (kernels/rope.cuh CUPROPE_RUN16/32)."""
     import re
 
-    from cuprope import _launch as launch
+    from cuprope._core import launch
     src = _loader.kernel_sources()["rope.cuh"]
     for size, macro in ((2, "CUPROPE_RUN16"), (4, "CUPROPE_RUN32")):
         assert launch.RUNS[size] == int(re.search(rf"#define {macro} (\d+)", src).group(1))
@@ -127,7 +127,7 @@ def test_token_run_defaults_agree_with_the_host():
 def test_token_tiles(monkeypatch):
     """Token runs need a full run per lane (else 0: heads per warp); a tile is
     1, 2 or 4 runs, fewer when the grid would otherwise be thin."""
-    from cuprope import _launch as launch
+    from cuprope._core import launch
     if not launch.TOKEN_RUNS:
         pytest.skip("token runs off (tuning run)")
     monkeypatch.setitem(launch._SM_COUNT, 0, 132)
@@ -149,7 +149,7 @@ def test_token_tiles(monkeypatch):
 def test_steps_cap_grows_with_the_prologue():
     """The shared source's per-warp cos/sin work grows with R and with a stream
     map, and the most steps a warp takes with it; other sources keep theirs."""
-    from cuprope import _launch as launch
+    from cuprope._core import launch
     base = launch.MAX_STEPS[_loader.SRC_SHARED]
     if not base:
         pytest.skip("no cap (tuning run)")

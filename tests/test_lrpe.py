@@ -8,7 +8,9 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from cuprope import _launch, _loader, lrpe, reference
+from cuprope import lrpe, reference
+from cuprope._core import launch as _launch
+from cuprope._core import loader as _loader
 
 B, N, H, D = 2, 5, 3, 8
 P = D // 2

@@ -110,7 +110,7 @@ def kernel_dir():
     try:
         return resources.files(KERNEL_PACKAGE)
     except ModuleNotFoundError:
-        return Path(__file__).resolve().parent.parent / "kernels"
+        return Path(__file__).resolve().parents[2] / "kernels"
 
 
 def kernel_sources() -> dict[str, str]:

@@ -9,7 +9,7 @@ import struct
 
 import numpy as np
 
-from ._loader import (ITEMSIZE, MODULES, SRC_PER_HEAD, SRC_SHARED, SRC_TABLE, family_of,
+from .loader import (ITEMSIZE, MODULES, SRC_PER_HEAD, SRC_SHARED, SRC_TABLE, family_of,
                       kernel_name, lrpe_vec_widths, seq_stats_kernel_name, tuning_defines,
                       vec_widths)
 
