@@ -6,9 +6,8 @@ import weakref
 
 import numpy as np
 
+from ._core.layout import LAYOUTS
 from .reference import default_inv_freq
-
-LAYOUTS = ("bshd", "bhsd", "thd")
 
 _KEYS = itertools.count(1)
 _REGISTRY: "weakref.WeakValueDictionary[int, RopeConfig]" = weakref.WeakValueDictionary()
@@ -97,7 +96,7 @@ class RopeConfig:
         self.stream_map = smap
         self.n_streams = n_streams
         self._device_tables = {}
-        self._plans = {}  # launch plans, by call signature (cuprope/api.py, lrpe.py)
+        self._plans = {}  # launch plans, by call signature (cuprope/_core/engine.py, lrpe.py)
         self.key = next(_KEYS)  # stable integer handle (custom ops pass configs by key)
         _REGISTRY[self.key] = self
 

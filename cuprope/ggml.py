@@ -46,12 +46,11 @@ with ggml to ggml's own float32 rounding (better at long context).
 from __future__ import annotations
 
 import math
-import threading
-from collections import OrderedDict
 
 import numpy as np
 
 from ._core.arrays import describe
+from ._core.cache import ConfigCache
 from ._core.checks import as_float, as_int
 from .api import rope_backward, rope_forward
 from .config import RopeConfig, _host
@@ -185,9 +184,7 @@ def _check_params(head_dim, n_dims, mode, sections):
     return n_dims, mode, secs
 
 
-_CACHE: OrderedDict = OrderedDict()
-_CACHE_LOCK = threading.Lock()
-_CACHE_SIZE = 64
+_CONFIGS = ConfigCache(64)
 
 
 def rope_config(head_dim: int, freq_factors=None, *, n_dims: int, mode: int, n_ctx_orig: int = 0,
@@ -228,17 +225,8 @@ def rope_config(head_dim: int, freq_factors=None, *, n_dims: int, mode: int, n_c
             raise ValueError("ggml rope: freq_factors must be finite and non-zero")
     key = (head_dim, n_dims, mode, secs, n_ctx_orig, tuple(params), layout,
            None if ff is None else ff.tobytes())
-    with _CACHE_LOCK:
-        cfg = _CACHE.get(key)
-        if cfg is not None:
-            _CACHE.move_to_end(key)
-            return cfg
-    cfg = _build(n_pairs, n_dims, mode, secs, n_ctx_orig, *params, ff, layout)
-    with _CACHE_LOCK:
-        _CACHE[key] = cfg
-        while len(_CACHE) > _CACHE_SIZE:
-            _CACHE.popitem(last=False)
-    return cfg
+    return _CONFIGS.get(key, lambda: _build(n_pairs, n_dims, mode, secs, n_ctx_orig, *params, ff,
+                                            layout))
 
 
 def _build(n_pairs, n_dims, mode, secs, n_ctx_orig, freq_base, freq_scale, ext_factor,

@@ -44,28 +44,23 @@ dim : ``None`` or ``-1`` (softmax over the head dim D) or ``1`` (softmax over
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
 
 import numpy as np
 
-from . import reference as _ref
-from ._core.arrays import FLOAT_DTYPES, describe, empty_like, overlaps, wrap_like
-from ._core.loader import lrpe_vec_widths
+from ._core import engine, host, validate
+from ._core.arrays import describe, empty_like, wrap_like
+from ._core.cache import ConfigCache
+from ._core.launch import TensorPlan, make_plan, pick_vec
+from ._core.layout import canon_sizes, canon_strides
+from ._core.loader import LRPE_ACTS, lrpe_vec_widths
 from .config import RopeConfig, _host
+from .lrpe_reference import ACTS, activation, backward_reference, forward_reference, rotate
 
 __all__ = ["rotate_1d_forward", "rotate_1d_backward", "normalize_theta", "activation",
            "rotate", "forward_reference", "backward_reference", "ACTS"]
 
-ACTS = ("none", "relu", "sigmoid", "silu", "softmax")
 DIMS = (None, -1, 1)
-MAX_TOKENS = 2 ** 31 - 1
 
-# kernels/rope.cuh activation codes; softmax over the sequence is its own mode.
-_CODES = {"none": 0, "relu": 1, "sigmoid": 2, "silu": 3, "softmax": 4}
-_SOFTMAX_SEQ = 5
-
-
-# --------------------------------------------------------------------------- reference (float64)
 
 def normalize_theta(theta, heads: int, head_dim: int) -> np.ndarray:
     """θ as float64 ``[1 or H, E]``, the shape rules of the module docstring
@@ -101,72 +96,6 @@ def normalize_theta(theta, heads: int, head_dim: int) -> np.ndarray:
     if e == 1:
         t = np.repeat(t, half, axis=1)
     return t
-
-
-def activation(x, act: str, dim=None) -> np.ndarray:
-    """act(x) in float64 over canonical ``[B, N, H, D]``: elementwise, or a
-    softmax over the head dim (dim None / -1) or the sequence (dim 1)."""
-    x = np.asarray(x, dtype=np.float64)
-    if act == "none":
-        return x.copy()
-    if act == "relu":
-        return np.where(x < 0, 0.0, x)
-    if act == "sigmoid":
-        return 1.0 / (1.0 + np.exp(-x))
-    if act == "silu":
-        return x / (1.0 + np.exp(-x))
-    if act == "softmax":
-        axis = 1 if dim == 1 else -1
-        with np.errstate(invalid="ignore", over="ignore"):
-            e = np.exp(x - np.max(x, axis=axis, keepdims=True))
-            return e / np.sum(e, axis=axis, keepdims=True)
-    raise ValueError(f"act must be one of {ACTS}, got {act!r}")
-
-
-def rotate(x, theta2, offset: int = 0, *, inverse: bool = False) -> np.ndarray:
-    """The seed's rotation in float64 over canonical ``[B, N, H, D]``.
-
-    theta2: ``[1 or H, E]`` (normalize_theta). Pair i = (x[i], x[i + D/2]) with
-    i < E rotates by (t + offset)·θ[h, i]: (x1 cos − x2 sin, x1 sin + x2 cos);
-    ``inverse`` uses −sin (Rᵀ). Pairs i >= E are returned unchanged."""
-    x = np.asarray(x, dtype=np.float64)
-    half = x.shape[-1] // 2
-    e = theta2.shape[1]
-    t = np.arange(x.shape[1], dtype=np.int64) + np.int64(offset)
-    ang = t.astype(np.float64)[:, None, None] * theta2[None, :, :]  # [N, 1 or H, E]
-    cos, sin = np.cos(ang), np.sin(ang) * (-1.0 if inverse else 1.0)
-    x1, x2 = x[..., :e], x[..., half:half + e]
-    out = x.copy()
-    out[..., :e] = x1 * cos - x2 * sin
-    out[..., half:half + e] = x1 * sin + x2 * cos
-    return out
-
-
-def forward_reference(x, theta2, offset: int = 0, act: str = "none", dim=None) -> np.ndarray:
-    """O = rotate(act(x, dim)) in float64 (canonical ``[B, N, H, D]``)."""
-    return rotate(activation(x, act, dim), theta2, offset)
-
-
-def backward_reference(x, do, theta2, offset: int = 0, act: str = "none", dim=None) -> np.ndarray:
-    """dX in float64: g = Rᵀ dO, then act'(x) ⊙ g, or s ⊙ (g − Σ g ⊙ s) for a
-    softmax s over its dim."""
-    g = rotate(do, theta2, offset, inverse=True)
-    if act == "none":
-        return g
-    x = np.asarray(x, dtype=np.float64)
-    if act == "relu":
-        return np.where(x > 0, g, 0.0)
-    if act == "sigmoid":
-        s = 1.0 / (1.0 + np.exp(-x))
-        return g * s * (1.0 - s)
-    if act == "silu":
-        s = 1.0 / (1.0 + np.exp(-x))
-        return g * s * (1.0 + x * (1.0 - s))
-    if act == "softmax":
-        s = activation(x, "softmax", dim)
-        axis = 1 if dim == 1 else -1
-        return s * (g - np.sum(g * s, axis=axis, keepdims=True))
-    raise ValueError(f"act must be one of {ACTS}, got {act!r}")
 
 
 # --------------------------------------------------------------------------- public API
@@ -224,36 +153,33 @@ def _check_act_dim(act, dim):
     return None if dim is None else int(dim)
 
 
+def _layout(info):
+    """``[B, N, H, D]`` or one head ``[B, N, D]`` (cuprope._core.layout's "bsd")."""
+    return "bsd" if len(info.shape) == 3 else "bshd"
+
+
 def _check_x(info, name):
-    if info.dtype not in FLOAT_DTYPES:
-        raise TypeError(f"{name} must have dtype float32, float16 or bfloat16, got {info.dtype}")
+    validate.check_float(info, name)
     if len(info.shape) not in (3, 4):
         raise ValueError(f"{name} must be [B, N, H, D] or [B, N, D], got shape {tuple(info.shape)}")
     d = info.shape[-1]
     if d < 2 or d % 2:
         raise ValueError(f"{name}: the head dim D must be even and >= 2 (pairs (i, i + D/2)), "
                          f"got D = {d}")
-    if info.strides[-1] != 1 and info.size > 0:
-        raise ValueError(f"{name}: the last (head) dim must be contiguous (stride 1), "
-                         f"got stride {info.strides[-1]}")
+    validate.check_last_dim(info, name)
 
 
-def _bnhd(shape):
-    if len(shape) == 3:
-        return shape[0], shape[1], 1, shape[2]
-    return tuple(shape)
+def _bnhd(info):
+    return canon_sizes(info.shape, _layout(info)) + (info.shape[-1],)
 
 
-def _canon_strides(info):
-    st = info.strides
-    return (st[0], st[1], 0) if len(info.shape) == 3 else (st[0], st[1], st[2])
+def _strides(info):
+    return canon_strides(info.strides, _layout(info))
 
 
 # RopeConfig per θ table: it keeps the device copy of the padded table and the
-# launch plans. Keyed by the table's bytes; a bounded LRU.
-_CONFIGS: OrderedDict = OrderedDict()
-_CONFIGS_LOCK = threading.Lock()
-_MAX_CONFIGS = 64
+# launch plans. Keyed by the table's bytes.
+_CONFIGS = ConfigCache(64)
 
 
 def _config_for(theta2, head_dim):
@@ -261,39 +187,14 @@ def _config_for(theta2, head_dim):
     table = np.zeros((theta2.shape[0], half), dtype=np.float64)
     table[:, :theta2.shape[1]] = theta2  # angle 0: cos 1, sin 0, the pair passes through exactly
     key = (head_dim, table.shape, table.tobytes())
-    with _CONFIGS_LOCK:
-        cfg = _CONFIGS.get(key)
-        if cfg is not None:
-            _CONFIGS.move_to_end(key)
-            return cfg
-        cfg = RopeConfig(head_dim, inv_freq=table[0] if table.shape[0] == 1 else table)
-        _CONFIGS[key] = cfg
-        if len(_CONFIGS) > _MAX_CONFIGS:
-            _, old = _CONFIGS.popitem(last=False)
-            _retire(old)
-    return cfg
-
-
-def _retire(cfg):
-    """A table leaving the cache may still be read by queued kernels: wait for
-    its devices before its memory can be reused."""
-    if not cfg._device_tables:
-        return
-    import cupy
-    for dev in cfg._device_tables:
-        with cupy.cuda.Device(dev):
-            cupy.cuda.runtime.deviceSynchronize()
+    return _CONFIGS.get(key, lambda: RopeConfig(
+        head_dim, inv_freq=table[0] if table.shape[0] == 1 else table))
 
 
 def _call(backward, x, do, theta, offset, act, dim, out):
-    from . import api
-
     dim = _check_act_dim(act, dim)
-    if isinstance(offset, (bool, np.bool_)) or not isinstance(offset, (int, np.integer)):
-        raise TypeError(f"offset must be an int, got {type(offset).__name__}")
-    offset = int(offset)
-    if not 0 <= offset < 2 ** 62:
-        raise ValueError(f"offset must be an integer >= 0 (and < 2**62), got {offset}")
+    offset = validate.as_offset(offset, lo=-1, message="offset must be an integer >= 0 (and < "
+                                                       "2**62), got {}")
     if backward:
         dinfo = describe(do, "do")
         _check_x(dinfo, "do")
@@ -305,17 +206,10 @@ def _call(backward, x, do, theta, offset, act, dim, out):
         else:
             xinfo = describe(x, "x")
             _check_x(xinfo, "x")
-            if xinfo.kind != dinfo.kind:
-                raise TypeError(f"x and do must come from the same framework, got {xinfo.kind} "
-                                f"and {dinfo.kind}")
+            validate.check_same_kind(xinfo, dinfo, "x", "do")
             if tuple(xinfo.shape) != tuple(dinfo.shape):
                 raise ValueError(f"x and do must have the same shape, got {tuple(xinfo.shape)} "
                                  f"and {tuple(dinfo.shape)}")
-            if xinfo.dtype != dinfo.dtype:
-                raise TypeError(f"x and do must share a dtype, got {xinfo.dtype} and {dinfo.dtype}")
-            if xinfo.device != dinfo.device:
-                raise ValueError(f"x and do are on different devices ({xinfo.device} and "
-                                 f"{dinfo.device})")
         main = dinfo
         inputs = [i for i in (dinfo, xinfo) if i is not None]
     else:
@@ -323,20 +217,16 @@ def _call(backward, x, do, theta, offset, act, dim, out):
         _check_x(xinfo, "x")
         main = xinfo
         inputs = [xinfo]
-    b, n, h, d = _bnhd(main.shape)
+    b, n, h, d = _bnhd(main)
     theta2 = normalize_theta(theta, h, d)
-    if b * n > MAX_TOKENS:
-        raise ValueError(f"at most {MAX_TOKENS} tokens (B*N) per call, got {b * n}")
+    validate.check_tokens(b * n, "B*N")
     if act == "none":
         xinfo = None  # not read
     out_info = None
     if out is not None:
         out_info = describe(out, "out")
-        api._check_out(out_info, main, "out")
-        api._check_writable(out_info, "out")
-        for src in inputs:
-            if overlaps(out_info, src) and not api._same_view(out_info, src):
-                raise ValueError("out overlaps an input without being exactly that input")
+        validate.check_out(out_info, main, "out")
+        validate.check_overlaps([out_info], inputs, any_input=True)
     if main.size == 0:
         return out_info.obj if out_info is not None else wrap_like(main, empty_like(main))
     if main.device < 0:
@@ -348,24 +238,13 @@ def _call(backward, x, do, theta, offset, act, dim, out):
 # --------------------------------------------------------------------------- NumPy backend
 
 def _numpy_backend(backward, main, xinfo, out_info, theta2, offset, act, dim):
-    from .api import _from_numpy, _to_numpy
-
-    def canon(info):
-        a = _to_numpy(info)
-        return (a[:, :, None, :] if a.ndim == 3 else a).astype(np.float64)
-
+    layout = _layout(main)
     if backward:
-        x64 = canon(xinfo) if xinfo is not None else None
-        y = backward_reference(x64, canon(main), theta2, offset, act, dim)
+        x64 = host.canon64(xinfo, layout) if xinfo is not None else None
+        y = backward_reference(x64, host.canon64(main, layout), theta2, offset, act, dim)
     else:
-        y = forward_reference(canon(main), theta2, offset, act, dim)
-    if len(main.shape) == 3:
-        y = y[:, :, 0, :]
-    y = _ref.round_to_dtype(y, _to_numpy(main).dtype)
-    if out_info is None:
-        return _from_numpy(main, y)
-    _to_numpy(out_info)[...] = y
-    return out_info.obj
+        y = forward_reference(host.canon64(main, layout), theta2, offset, act, dim)
+    return host.finish([main], None if out_info is None else [out_info], [y], layout)[0]
 
 
 # --------------------------------------------------------------------------- GPU backend
@@ -399,10 +278,9 @@ def _softmax_rows_fit(main, xinfo, out_info, d):
     """True when a head-dim softmax row fits one chunk per lane (at most 32
     lanes of VEC pairs) for these pointers and strides: the fused kernel's
     row reduction handles exactly that case."""
-    from ._core.launch import TensorPlan, pick_vec
-    plans = [TensorPlan(i.ptr, i.ptr, _canon_strides(i), _canon_strides(i), _bnhd(i.shape)[2])
+    plans = [TensorPlan(i.ptr, i.ptr, _strides(i), _strides(i), _bnhd(i)[2])
              for i in (main, xinfo, out_info) if i is not None]
-    b, n = _bnhd(main.shape)[:2]
+    b, n = _bnhd(main)[:2]
     vec = pick_vec(main.dtype, plans, d // 2, 0, b, n, lrpe_vec_widths(main.dtype))
     return (d // 2) // vec <= 32
 
@@ -435,20 +313,15 @@ def _copy_into(out_info, res):
 
 
 def _gpu_backend_fused(backward, main, xinfo, out_info, cfg, offset, act, dim, bnhd):
-    import cupy
-
-    from ._core.launch import TensorPlan, make_plan
-    from .api import _stream_ptr
-
     b, n, h, d = bnhd
     device = main.device
-    code = _SOFTMAX_SEQ if act == "softmax" and dim == 1 else _CODES[act]
+    code = LRPE_ACTS["softmax_seq"] if act == "softmax" and dim == 1 else LRPE_ACTS.get(act, 0)
     fused_x = backward and code != 0  # the kernel reads x beside dO
-    stream_ptr = _stream_ptr(None, main)
+    stream_ptr = engine.stream_handle(None, main)
     if out_info is None:
         out_info = describe(empty_like(main), "out")
-    ms, os_ = _canon_strides(main), _canon_strides(out_info)
-    xs = _canon_strides(xinfo) if fused_x else None
+    ms, os_ = _strides(main), _strides(out_info)
+    xs = _strides(xinfo) if fused_x else None
     key = ("L", threading.get_ident(), backward, code, device, main.dtype, (b, n, h, d),
            ms, main.ptr % 16, os_, out_info.ptr % 16,
            None if xs is None else (xs, xinfo.ptr % 16))
@@ -465,17 +338,9 @@ def _gpu_backend_fused(backward, main, xinfo, out_info, cfg, offset, act, dim, b
             act=code, backward_act=fused_x, aux=aux)
         cfg._plans[key] = plan
     stats = stats_ptr = None
-    if code == _SOFTMAX_SEQ:
+    if code == LRPE_ACTS["softmax_seq"]:
         stats, stats_ptr = _scratch(main, (3 if backward else 2) * b * h * d)
-    args = (stream_ptr, main.ptr, out_info.ptr, xinfo.ptr if fused_x else 0, stats_ptr or 0,
-            offset)
-    if cupy.cuda.runtime.getDevice() != device:
-        with cupy.cuda.Device(device):
-            plan.run_lrpe(*args)
-    else:
-        plan.run_lrpe(*args)
-    if main.kind == "jax":
-        # JAX reads the result on its own stream; make it complete first.
-        cupy.cuda.runtime.streamSynchronize(stream_ptr)
-    del stats
-    return wrap_like(main, out_info.obj)
+    engine.on_device(device, plan.run_lrpe, stream_ptr, main.ptr, out_info.ptr,
+                     xinfo.ptr if fused_x else 0, stats_ptr or 0, offset)
+    del stats  # the framework's allocator orders its reuse after the launch on this stream
+    return engine.hand_back([main], [out_info], stream_ptr)[0]

@@ -26,8 +26,10 @@ from __future__ import annotations
 import threading
 
 from . import reference
-from ._core.arrays import FLOAT_DTYPES, describe, overlaps
-from .config import LAYOUTS
+from ._core import engine, fastpath, host, validate
+from ._core.arrays import describe, overlaps
+from ._core.launch import make_plan
+from ._core.layout import LAYOUTS, to_canon
 
 __all__ = ["rope_table_forward", "rope_table_backward", "rope_qk_table_forward",
            "rope_qk_table_backward"]
@@ -52,8 +54,8 @@ def rope_qk_table_forward(q, k, cos, sin, *, layout: str = "bshd", interleaved: 
                           out=None, inplace: bool = False, stream=None):
     """q and k in one launch, each table value read once per token for every
     head of both. Returns (q_rotated, k_rotated)."""
-    from .api import _pair
-    return _table_rope((q, k), ("q", "k"), cos, sin, layout, interleaved, False, _pair(out),
+    return _table_rope((q, k), ("q", "k"), cos, sin, layout, interleaved, False,
+                       validate.pair(out),
                        inplace, stream)
 
 
@@ -61,28 +63,17 @@ def rope_qk_table_backward(grad_q, grad_k, cos, sin, *, layout: str = "bshd",
                            interleaved: bool = False, out=None, inplace: bool = False,
                            stream=None):
     """Gradients of ``rope_qk_table_forward`` w.r.t. q and k, in one launch."""
-    from .api import _pair
     return _table_rope((grad_q, grad_k), ("grad_q", "grad_k"), cos, sin, layout, interleaved,
-                       True, _pair(out), inplace, stream)
+                       True, validate.pair(out), inplace, stream)
 
 
 class _TableSource:
-    """Stands in for a RopeConfig where the API's shared code reads one: the
-    layout, pairing and launch-plan cache of table calls (one per layout and
-    pairing)."""
+    """The owner of table calls' launch plans (one per layout and pairing),
+    where core calls keep theirs on the RopeConfig."""
 
     def __init__(self, layout, interleaved):
         self.layout, self.interleaved = layout, interleaved
         self._plans: dict = {}
-
-
-class _Geometry:
-    """What ``api._validate_call`` reads of a config, for one table call."""
-
-    per_head = False
-
-    def __init__(self, layout, rotary_dim):
-        self.layout, self.rotary_dim = layout, rotary_dim
 
 
 _SOURCES = {(lay, il): _TableSource(lay, il) for lay in LAYOUTS for il in (False, True)}
@@ -112,8 +103,8 @@ def _check_tables(cinfo, sinfo, x0, b, s, layout):
         if info.device != x0.device:
             where = "host" if info.device < 0 else f"cuda:{info.device}"
             raise ValueError(f"{name} is on {where} but the tensors are not")
-        if info.shape and info.shape[-1] > 1 and info.strides[-1] != 1:
-            raise ValueError(f"{name}: the last dim must be contiguous (stride 1)")
+        if info.shape:
+            validate.check_last_dim(info, name, "the last dim")
     if tuple(cinfo.shape) != tuple(sinfo.shape):
         raise ValueError(f"cos and sin must have the same shape, got {list(cinfo.shape)} "
                          f"and {list(sinfo.shape)}")
@@ -133,30 +124,27 @@ def _rotary_dim(cinfo):
 
 
 def _table_rope(xs, names, cos, sin, layout, interleaved, inverse, outs, inplace, stream):
-    from . import api
     src = _SOURCES.get((layout, bool(interleaved)))
     if src is None:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
     if outs is None and not inplace:  # the fast path: new outputs only (nothing can overlap)
-        res = api._fast_path(xs, src, inverse, cos, 0, sin, None, False, stream)
+        res = fastpath.fast_path(xs, src, inverse, cos, 0, sin, None, False, stream)
         if res is not None:
             return res
     cinfo, sinfo = describe(cos, "cos"), describe(sin, "sin")
-    if cinfo.dtype not in FLOAT_DTYPES:
-        raise TypeError(f"cos must have dtype float32, float16 or bfloat16, got {cinfo.dtype}")
+    validate.check_float(cinfo, "cos")
     r = _rotary_dim(cinfo)
-    infos, out_infos, (b, s, d) = api._validate_call(xs, names, _Geometry(layout, r), outs,
-                                                     inplace)
+    infos, out_infos, (b, s, d) = validate.validate_call(xs, names, layout, r, outs, inplace)
     tstrides = _check_tables(cinfo, sinfo, infos[0], b, s, layout)
     for o in out_infos or ():
         for t, name in ((cinfo, "cos"), (sinfo, "sin")):
             if overlaps(o, t):
                 raise ValueError(f"an output overlaps {name}")
     if all(i.size == 0 for i in infos):
-        return api._empty_result(infos, out_infos)
+        return engine.empty_result(infos, out_infos)
     if infos[0].device < 0:
         return _numpy_backend(infos, out_infos, cinfo, sinfo, layout, interleaved, inverse)
-    key = (api._fast_key(infos[0].kind, xs, src, inverse, cos, sin, None, False, stream)
+    key = (fastpath.fast_key(infos[0].kind, xs, src, inverse, cos, sin, None, False, stream)
            if outs is None and not inplace else None)
     return _gpu_backend(src, infos, out_infos, cinfo, sinfo, tstrides, r, inverse, (b, s, d),
                         stream, key)
@@ -164,37 +152,27 @@ def _table_rope(xs, names, cos, sin, layout, interleaved, inverse, outs, inplace
 
 def _numpy_backend(infos, out_infos, cinfo, sinfo, layout, interleaved, inverse):
     """HF's formula in float64 with PyTorch's roundings (reference.rotate_with_tables)."""
-    from .api import _from_numpy, _to_canon, _to_numpy
-
     def table(info):
-        t = _to_numpy(info)
+        t = host.to_numpy(info)
         t = t[None] if t.ndim == 2 else t   # [S, R] / [T, R] -> [1, S, R]
         return t[:, :, None, :]             # [B or 1, S, 1, R]
 
     cos, sin = table(cinfo), table(sinfo)
     results = []
     for info in infos:
-        x = _to_numpy(info)
-        y = reference.rotate_with_tables(_to_canon(x, layout), cos, sin, interleaved=interleaved,
-                                         inverse=inverse, dtype=x.dtype)
-        y = y[0] if layout == "thd" else (y.transpose(0, 2, 1, 3) if layout == "bhsd" else y)
-        results.append(reference.round_to_dtype(y, x.dtype))
-    if out_infos is None:
-        return tuple(_from_numpy(info, y) for info, y in zip(infos, results))
-    for o, y in zip(out_infos, results):  # all computed before any is written
-        _to_numpy(o)[...] = y
-    return tuple(o.obj for o in out_infos)
+        x = host.to_numpy(info)
+        results.append(reference.rotate_with_tables(to_canon(x, layout), cos, sin,
+                                                    interleaved=interleaved, inverse=inverse,
+                                                    dtype=x.dtype))
+    return host.finish(infos, out_infos, results, layout)
 
 
 def _gpu_backend(src, infos, out_infos, cinfo, sinfo, tstrides, r, inverse, bsd, stream,
                  cache_key):
-    from . import api
-    from ._core.launch import make_plan
-
     b, s, d = bsd
     device = infos[0].device
-    stream_ptr = api._stream_ptr(stream, infos[0])
-    copy_rest, outs_given, out_infos = api._outputs(infos, out_infos)
+    stream_ptr = engine.stream_handle(stream, infos[0])
+    copy_rest, outs_given, out_infos = engine.outputs(infos, out_infos)
     gkey = ("T", threading.get_ident(), inverse, copy_rest, device, tuple(cinfo.shape), tstrides,
             cinfo.ptr % 16, sinfo.ptr % 16,
             tuple((i.dtype, tuple(i.shape), i.strides, i.ptr % 16) for i in infos),
@@ -203,12 +181,12 @@ def _gpu_backend(src, infos, out_infos, cinfo, sinfo, tstrides, r, inverse, bsd,
     if entry is None:
         plan = make_plan(
             device=device, dtype=infos[0].dtype, interleaved=src.interleaved,
-            plans=api._tensor_plans(infos, out_infos, src.layout), n_batch=b, n_seq=s,
+            plans=engine.tensor_plans(infos, out_infos, src.layout), n_batch=b, n_seq=s,
             head_dim=d, rot_dim=r, copy_rest=copy_rest, pos=None, seq_off=None, inv_freq_ptr=0,
             freq_sh=0, stream_map_ptr=0, scale=1.0, sin_sign=-1.0 if inverse else 1.0,
             table=(cinfo.ptr, sinfo.ptr) + tstrides)
         src._plans[gkey] = (plan, None)
     else:
         plan = entry[0]
-    return api._run_plan(plan, src, infos, out_infos, outs_given, stream_ptr, cinfo.ptr,
-                         sinfo.ptr, 0, cache_key)
+    return engine.run_plan(plan, src, infos, out_infos, outs_given, stream_ptr, cinfo.ptr,
+                           sinfo.ptr, 0, cache_key)

@@ -7,8 +7,6 @@ import cuprope
 
 HAS_GPU = cuprope.gpu_available()
 
-requires_gpu = pytest.mark.skipif(not HAS_GPU, reason="no CUDA GPU visible (CuPy absent or no device)")
-
 
 def _has(mod):
     try:
@@ -20,6 +18,14 @@ def _has(mod):
 
 HAS_TORCH = _has("torch")
 HAS_JAX = _has("jax")
+
+# The marks of a module of GPU tests (``pytestmark = GPU_TESTS``): they build
+# their tensors with torch and run only where a CUDA GPU is visible.
+GPU_TESTS = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not HAS_GPU, reason="no CUDA GPU visible (CuPy absent or no device)"),
+    pytest.mark.skipif(not HAS_TORCH, reason="torch is needed to build the GPU test tensors"),
+]
 
 
 @pytest.fixture

@@ -26,15 +26,11 @@ reference rounded to the dtype plus the fp32 slack; fp32 within the slack
 import numpy as np
 import pytest
 
-from conftest import HAS_GPU, HAS_TORCH
+from conftest import GPU_TESTS
 from cuprope import lrpe
 from oracle import assert_matches
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not HAS_GPU, reason="no CUDA GPU visible (CuPy absent or no device)"),
-    pytest.mark.skipif(not HAS_TORCH, reason="torch is needed to build the GPU test tensors"),
-]
+pytestmark = GPU_TESTS
 
 DTYPES = ["float32", "float16", "bfloat16"]
 OFFSETS = [0, 10, 10 ** 6]

@@ -10,14 +10,10 @@ import numpy as np
 import pytest
 
 import cuprope
-from conftest import HAS_GPU, HAS_JAX, HAS_TORCH
+from conftest import GPU_TESTS, HAS_JAX
 from oracle import assert_matches, expected
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not HAS_GPU, reason="no CUDA GPU visible (CuPy absent or no device)"),
-    pytest.mark.skipif(not HAS_TORCH, reason="torch is needed to build the GPU test tensors"),
-]
+pytestmark = GPU_TESTS
 
 DTYPES = ["float32", "float16", "bfloat16"]
 HEAD_DIMS = [64, 80, 96, 128, 256, 48]
@@ -512,15 +508,15 @@ def _cupy_nan_like(a):
 
 def _count_general_path(monkeypatch):
     """List that grows by one per call reaching the general GPU backend."""
-    from cuprope import api
+    from cuprope._core import engine
     calls = []
-    real = api._gpu_backend
+    real = engine._gpu_rope
 
     def counted(*args, **kwargs):
         calls.append(1)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(api, "_gpu_backend", counted)
+    monkeypatch.setattr(engine, "_gpu_rope", counted)
     return calls
 
 

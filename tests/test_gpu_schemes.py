@@ -12,15 +12,11 @@ import numpy as np
 import pytest
 
 import cuprope
-from conftest import HAS_GPU, HAS_TORCH
+from conftest import GPU_TESTS
 from cuprope import ggml, scaling
 from oracle import assert_matches, expected
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not HAS_GPU, reason="no CUDA GPU visible (CuPy absent or no device)"),
-    pytest.mark.skipif(not HAS_TORCH, reason="torch is needed to build the GPU test tensors"),
-]
+pytestmark = GPU_TESTS
 
 DTYPES = ["float32", "float16", "bfloat16"]
 B, S, H = 2, 37, 3

@@ -1,0 +1,186 @@
+"""The engine under the public API: a validated call runs on the NumPy
+backend (host arrays) or becomes a launch plan on the GPU.
+
+``rope_call`` is the core RoPE entry (``cuprope.api`` calls it); the pieces
+after it (outputs, tensor plans, streams, ``run_plan``) are shared with the
+dialects that launch the same kernel family (``cuprope.tables``,
+``cuprope.lrpe``). Plans are cached on their owner (``RopeConfig._plans``, or
+a table source's) by call signature; a repeated call takes
+``cuprope._core.fastpath`` instead.
+"""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from ..config import RopeConfig
+from . import fastpath, host, validate
+from .arrays import describe, empty_like, wrap_like
+from .launch import TensorPlan, make_plan
+from .layout import canon_sizes, canon_strides
+
+
+def rope_call(xs, names, config, inverse, positions, offset, seq_offsets, outs, inplace, stream):
+    """Rotate ``xs`` (x, or q and k) by ``config``: the whole of
+    ``cuprope.rope_forward`` and friends. Returns a tuple like ``xs``."""
+    if not isinstance(config, RopeConfig):
+        raise TypeError(f"config must be a cuprope.RopeConfig, got {type(config).__name__}")
+    res = fastpath.fast_path(xs, config, inverse, positions, offset, seq_offsets, outs, inplace,
+                             stream)
+    if res is not None:
+        return res
+    offset = validate.as_offset(offset)
+    head_rows = config.inv_freq.shape[0] if config.per_head else None
+    infos, out_infos, (b, s, d) = validate.validate_call(xs, names, config.layout,
+                                                         config.rotary_dim, outs, inplace,
+                                                         head_rows)
+    pos_info, seq_info = _index_infos(config, infos[0].device, b, s, positions, seq_offsets)
+    if all(i.size == 0 for i in infos):
+        return empty_result(infos, out_infos)
+    if infos[0].device < 0:
+        return host.rope(infos, out_infos, config, inverse, pos_info, seq_info, offset)
+    cache_key = fastpath.fast_key(infos[0].kind, xs, config, inverse, positions, seq_offsets,
+                                  outs, inplace, stream)
+    return _gpu_rope(infos, out_infos, config, inverse, pos_info, seq_info, offset, stream,
+                     (b, s, d), cache_key)
+
+
+def _index_infos(config, device, b, s, positions, seq_offsets):
+    """(positions, seq_offsets) infos, checked: positions ``[S]``, ``[B, S]``
+    or ``[T]``, with a leading stream axis under a stream map; seq_offsets
+    ``[B]``, contiguous."""
+    n_str = config.n_streams
+    if config.layout == "thd":
+        pshapes = [(s,)] if n_str == 1 else [(n_str, s)]
+    else:
+        pshapes = [(s,), (b, s)] if n_str == 1 else [(n_str, s), (n_str, b, s)]
+    pos_info = seq_info = None
+    if positions is not None:
+        pos_info = describe(positions, "positions")
+        validate.check_index(pos_info, "positions", device, pshapes)
+    if seq_offsets is not None:
+        seq_info = describe(seq_offsets, "seq_offsets")
+        validate.check_index(seq_info, "seq_offsets", device, [(b,)])
+        if seq_info.strides[0] != 1 and b > 1:
+            raise ValueError("seq_offsets must be contiguous")
+    return pos_info, seq_info
+
+
+def empty_result(infos, out_infos):
+    """The result of a call on empty tensors: nothing to launch."""
+    res = [o.obj for o in out_infos] if out_infos else [wrap_like(i, empty_like(i)) for i in infos]
+    return tuple(res)
+
+
+def _gpu_rope(infos, out_infos, config, inverse, pos_info, seq_info, offset, stream, bsd,
+              cache_key):
+    b, s, d = bsd
+    device = infos[0].device
+    stream_ptr = stream_handle(stream, infos[0])
+    copy_rest, outs_given, out_infos = outputs(infos, out_infos)
+    # Only what the plan key needs is computed before the lookup.
+    pos = None
+    if pos_info is not None:
+        st, shp = pos_info.strides, pos_info.shape
+        if config.n_streams == 1:
+            pst_stream, rest, rest_shape = 0, st, shp
+        else:
+            pst_stream, rest, rest_shape = st[0], st[1:], shp[1:]
+        psb, pss = (0, rest[0]) if len(rest_shape) == 1 else rest
+        pos = (int(pos_info.dtype == "int64"), pst_stream, psb, pss)
+    seq64 = None if seq_info is None else seq_info.dtype == "int64"
+    # Plans are reused for calls with the same signature (any framework).
+    gkey = ("G", threading.get_ident(), inverse, copy_rest, device, pos, seq64,
+            tuple((i.dtype, tuple(i.shape), i.strides, i.ptr % 16) for i in infos),
+            tuple((o.strides, o.ptr % 16) for o in out_infos))
+    entry = config._plans.get(gkey)
+    if entry is None:
+        inv_freq, smap = config.device_tables(device)
+        plan = make_plan(
+            device=device, dtype=infos[0].dtype, interleaved=config.interleaved,
+            plans=tensor_plans(infos, out_infos, config.layout),
+            n_batch=b, n_seq=s, head_dim=d, rot_dim=config.rotary_dim, copy_rest=copy_rest,
+            pos=pos, seq_off=seq64, inv_freq_ptr=inv_freq.data.ptr,
+            freq_sh=config.rotary_dim // 2 if config.per_head else 0,
+            stream_map_ptr=0 if smap is None else smap.data.ptr, scale=config.scale,
+            sin_sign=-1.0 if inverse else 1.0)
+        config._plans[gkey] = (plan, None)
+    else:
+        plan = entry[0]
+    return run_plan(plan, config, infos, out_infos, outs_given, stream_ptr,
+                    0 if pos_info is None else pos_info.ptr,
+                    0 if seq_info is None else seq_info.ptr, offset, cache_key)
+
+
+def run_plan(plan, owner, infos, out_infos, outs_given, stream_ptr, idx1, idx2, offset,
+             cache_key):
+    """Launch ``plan`` on the tensors' device, remember it on ``owner`` for
+    the fast path under ``cache_key`` and hand the outputs back in the
+    caller's framework. idx1, idx2: the positions and sequence-offset pointers
+    (cos and sin for the table source)."""
+    ptrs = (infos[0].ptr, infos[-1].ptr, out_infos[0].ptr, out_infos[-1].ptr, idx1, idx2)
+    on_device(infos[0].device, plan.run, stream_ptr, *ptrs, offset)
+    fastpath.remember(owner, cache_key, plan, infos, out_infos, outs_given)
+    return hand_back(infos, out_infos, stream_ptr)
+
+
+def stream_handle(stream, info):
+    """The raw ``cudaStream_t`` to launch on: ``stream=`` (a torch/CuPy stream,
+    anything with ``__cuda_stream__``, or an int), else the caller's current
+    stream (torch's for torch tensors, CuPy's otherwise)."""
+    if stream is not None:
+        if isinstance(stream, (int, np.integer)):
+            return int(stream)
+        if hasattr(stream, "cuda_stream"):
+            return int(stream.cuda_stream)
+        if hasattr(stream, "__cuda_stream__"):
+            return int(stream.__cuda_stream__()[1])
+        if hasattr(stream, "ptr"):
+            return int(stream.ptr)
+        raise TypeError(f"stream must be a stream object or a raw cudaStream_t int, "
+                        f"got {type(stream).__name__}")
+    if info.kind == "torch":
+        import torch
+        return torch.cuda.current_stream(info.device).cuda_stream
+    import cupy
+    with cupy.cuda.Device(info.device):
+        return cupy.cuda.get_current_stream().ptr
+
+
+def outputs(infos, out_infos):
+    """(copy_rest, outs_given, out_infos): whether dims >= R must be copied
+    (out-of-place), whether the caller gave outputs, and the outputs
+    (allocated like the inputs when not given)."""
+    copy_rest = out_infos is None or not all(validate.same_view(o, i)
+                                             for o, i in zip(out_infos, infos))
+    outs_given = out_infos is not None and not all(o is i for o, i in zip(out_infos, infos))
+    if out_infos is None:
+        out_infos = [describe(empty_like(i), "out") for i in infos]
+    return copy_rest, outs_given, out_infos
+
+
+def tensor_plans(infos, out_infos, layout):
+    """A TensorPlan (canonical strides, head count) per rotated tensor."""
+    return [TensorPlan(i.ptr, o.ptr, canon_strides(i.strides, layout),
+                       canon_strides(o.strides, layout), canon_sizes(i.shape, layout)[2])
+            for i, o in zip(infos, out_infos)]
+
+
+def on_device(device, fn, *args):
+    """``fn(*args)`` with ``device`` current (a launch goes to the current device)."""
+    import cupy
+    if cupy.cuda.runtime.getDevice() != device:
+        with cupy.cuda.Device(device):
+            fn(*args)
+    else:
+        fn(*args)
+
+
+def hand_back(infos, out_infos, stream_ptr):
+    """The outputs in the callers' framework. JAX reads the result on its own
+    stream: make it complete first."""
+    if infos[0].kind == "jax":
+        import cupy
+        cupy.cuda.runtime.streamSynchronize(stream_ptr)
+    return tuple(wrap_like(i, o.obj) for i, o in zip(infos, out_infos))

@@ -1,0 +1,172 @@
+"""The one validation layer every front end calls (core, tables, LRPE).
+
+Each check raises ``TypeError`` (wrong kind or dtype) or ``ValueError`` (wrong
+shape, device, range or overlap) naming the argument. Nothing here touches a
+device: GPU arrays are checked by their metadata only.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .arrays import FLOAT_DTYPES, INDEX_DTYPES, describe, overlaps
+from .layout import DIMS, canon_sizes, ndim
+
+MAX_TOKENS = 2 ** 31 - 1  # the kernels index tokens in 32 bits
+OFFSET_LIMIT = 2 ** 62    # |offset| below this
+
+
+def pair(out):
+    """``out=`` of a q/k call as a tuple of two (None stays None)."""
+    if out is None:
+        return None
+    if not isinstance(out, (tuple, list)) or len(out) != 2:
+        raise TypeError("out must be a (q_out, k_out) pair")
+    return tuple(out)
+
+
+def as_offset(offset, lo: int = -OFFSET_LIMIT, message: str = "offset out of range: {}") -> int:
+    """``offset`` as an int in (lo, OFFSET_LIMIT); bools and non-integers are a TypeError."""
+    if isinstance(offset, (bool, np.bool_)) or not isinstance(offset, (int, np.integer)):
+        raise TypeError(f"offset must be an int, got {type(offset).__name__}")
+    offset = int(offset)
+    if not lo < offset < OFFSET_LIMIT:
+        raise ValueError(message.format(offset))
+    return offset
+
+
+def check_float(info, name):
+    if info.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"{name} must have dtype float32, float16 or bfloat16, got {info.dtype}")
+
+
+def check_last_dim(info, name, what="the last (head) dim"):
+    if info.strides[-1] != 1 and info.shape[-1] > 1 and info.size > 0:
+        raise ValueError(f"{name}: {what} must be contiguous (stride 1), got stride "
+                         f"{info.strides[-1]}")
+
+
+def check_tensor(info, name, layout, rotary_dim, head_rows=None):
+    """A rotated tensor: dtype, rank for ``layout``, R <= D, a contiguous last
+    dim, and (per-head tables) one table row per head."""
+    check_float(info, name)
+    if len(info.shape) != ndim(layout):
+        raise ValueError(f"{name} must be {DIMS[layout]} for layout {layout!r}, "
+                         f"got shape {tuple(info.shape)}")
+    d = info.shape[-1]
+    if rotary_dim > d:
+        raise ValueError(f"rotary_dim ({rotary_dim}) must be <= the head dim of {name} ({d})")
+    check_last_dim(info, name)
+    if head_rows is not None:
+        h = canon_sizes(info.shape, layout)[2]
+        if head_rows != h:
+            raise ValueError(f"{name} has {h} heads but the per-head inv_freq table has "
+                             f"{head_rows} rows")
+
+
+def check_same_kind(a, b, na, nb):
+    """Two inputs from the same framework, on the same device, of one dtype."""
+    if a.kind != b.kind:
+        raise TypeError(f"{na} and {nb} must come from the same framework, got {a.kind} and "
+                        f"{b.kind}")
+    if a.device != b.device:
+        raise ValueError(f"{na} and {nb} are on different devices ({a.device} and {b.device})")
+    if a.dtype != b.dtype:
+        raise TypeError(f"{na} and {nb} must share a dtype, got {a.dtype} and {b.dtype}")
+
+
+def check_out(out, src, name):
+    """An output given for ``src``: same framework, shape, dtype and device, writable."""
+    if out.kind != src.kind:
+        raise TypeError(f"{name} must be a {src.kind} array like its input, got {out.kind}")
+    if out.kind == "jax":
+        raise TypeError("JAX arrays are immutable: out= and inplace=True are not supported for them")
+    if tuple(out.shape) != tuple(src.shape) or out.dtype != src.dtype:
+        raise ValueError(f"{name} must have shape {tuple(src.shape)} and dtype {src.dtype}, "
+                         f"got {tuple(out.shape)} {out.dtype}")
+    if out.device != src.device:
+        raise ValueError(f"{name} is on device {out.device} but its input is on {src.device}")
+    check_last_dim(out, name, "the last dim")
+    check_writable(out, name)
+
+
+def check_writable(info, name):
+    flags = getattr(info.array, "flags", None)
+    if flags is not None and hasattr(flags, "writeable") and not flags.writeable:
+        raise ValueError(f"{name} is read-only")
+
+
+def same_view(a, b) -> bool:
+    return a.ptr == b.ptr and tuple(a.strides) == tuple(b.strides)
+
+
+def check_overlaps(out_infos, infos, any_input=False):
+    """Outputs may be exactly an input (their own, or any input when
+    ``any_input``), never partly one, nor each other."""
+    for i, o in enumerate(out_infos):
+        for j, src in enumerate(infos):
+            if overlaps(o, src) and not ((any_input or i == j) and same_view(o, src)):
+                raise ValueError("out overlaps an input without being exactly that input; "
+                                 "use inplace=True (or out=input) for in-place rotation")
+    if len(out_infos) == 2 and overlaps(out_infos[0], out_infos[1]):
+        raise ValueError("the two outputs overlap")
+
+
+def check_index(info, name, device, shapes):
+    """An int32/int64 index tensor (positions, seq_offsets) of one of ``shapes``."""
+    if info.dtype not in INDEX_DTYPES:
+        raise TypeError(f"{name} must have dtype int32 or int64, got {info.dtype}")
+    if info.device != device:
+        where = "host" if info.device < 0 else f"cuda:{info.device}"
+        there = "host" if device < 0 else f"cuda:{device}"
+        raise ValueError(f"{name} is on {where} but the tensors are on {there}")
+    if tuple(info.shape) not in shapes:
+        raise ValueError(f"{name} must have shape " + " or ".join(str(list(s)) for s in shapes)
+                         + f", got {list(info.shape)}")
+
+
+def check_tokens(n, what="B*S"):
+    if n > MAX_TOKENS:
+        raise ValueError(f"at most {MAX_TOKENS} tokens ({what}) per call, got {n}")
+
+
+def validate_call(xs, names, layout, rotary_dim, outs, inplace, head_rows=None):
+    """Describe and check the rotated tensors (one, or q and k) and their
+    outputs. Returns (infos, out_infos or None, (B, S, D))."""
+    infos = [describe(x, n) for x, n in zip(xs, names)]
+    for info, n in zip(infos, names):
+        check_tensor(info, n, layout, rotary_dim, head_rows)
+    b, s, _ = canon_sizes(infos[0].shape, layout)
+    d = infos[0].shape[-1]
+    if len(infos) == 2:
+        q, k = infos
+        check_same_kind(q, k, *names)
+        if (b, s) != canon_sizes(k.shape, layout)[:2]:
+            what = "token count" if layout == "thd" else "batch and sequence sizes"
+            raise ValueError(f"{names[0]} and {names[1]} must have the same {what}, "
+                             f"got {(b, s)} and {canon_sizes(k.shape, layout)[:2]}")
+        if k.shape[-1] != d:
+            raise ValueError(f"{names[0]} and {names[1]} must have the same head dim, "
+                             f"got {d} and {k.shape[-1]}")
+    check_tokens(b * s)
+    return infos, output_infos(infos, names, outs, inplace), (b, s, d)
+
+
+def output_infos(infos, names, outs, inplace, any_input=False):
+    """The outputs' infos (the inputs' own when ``inplace``; None for new
+    arrays), checked against the inputs."""
+    if inplace:
+        if outs is not None:
+            raise ValueError("give either out= or inplace=True, not both")
+        if infos[0].kind == "jax":
+            raise TypeError("JAX arrays are immutable: inplace=True is not supported for them")
+        for info, n in zip(infos, names):
+            check_writable(info, n)
+        out_infos = infos
+    elif outs is not None:
+        out_infos = [describe(o, "out") for o in outs]
+        for o, src in zip(out_infos, infos):
+            check_out(o, src, "out")
+    else:
+        return None
+    check_overlaps(out_infos, infos, any_input)
+    return out_infos
