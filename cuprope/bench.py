@@ -83,7 +83,7 @@ def hf_rope(q, k, cos, sin):
     return q * c + rot(q) * s, k * c + rot(k) * s
 
 
-def _cos_sin(s, d, base, dtype, device):
+def cos_sin_tables(s, d, base, dtype, device):
     torch = _torch()
     inv = 1.0 / (base ** (torch.arange(0, d, 2, dtype=torch.float64, device=device) / d))
     ang = torch.arange(s, dtype=torch.float64, device=device)[:, None] * inv[None, :]
@@ -143,7 +143,7 @@ def run_case(name, shape, op, dtype_name, peers=True, sets=2, reps=30):
     rows = [Row(name, op, dtype_name, "copy", shape, nbytes, t_copy, t_copy),
             Row(name, op, dtype_name, "cuprope", shape, nbytes, time_gpu(ours, reps=reps), t_copy)]
     if peers and op in ("qk_fwd", "qkv_slices") and r == d:
-        cos, sin = _cos_sin(s, d, 10000.0, dt, "cuda")
+        cos, sin = cos_sin_tables(s, d, 10000.0, dt, "cuda")
 
         def eager():
             q, k = bufs[pick()]

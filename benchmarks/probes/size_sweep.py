@@ -1,7 +1,7 @@
 """Ratio to copy as the sequence grows: separates a fixed cost per launch
 (ramp-up, the last wave's tail, per-warp prologues) from the steady-state rate.
 
-    python benchmarks/size_sweep.py [--shapes mha-d64,d256,llama3-8b] [--dtypes bf16]
+    python benchmarks/probes/size_sweep.py [--shapes mha-d64,d256,llama3-8b] [--dtypes bf16]
 
 Shapes are the suite's (cuprope.bench.SHAPES). For each shape the sequence length is scaled by 1/4 ... 4; each row gives the
 ratio to a copy of the same bytes and the *marginal* ratio between a size and

@@ -4,7 +4,7 @@ forward with SiLU or no activation, the fused SiLU backward) and plain RoPE
 with a per-head inv_freq table on fused q/k. Bytes: each input read once,
 each output written once (the backward reads x and dO).
 
-    python benchmarks/perhead_bench.py [--dtypes bf16,fp16,fp32] [--tag T]
+    python benchmarks/probes/perhead_bench.py [--dtypes bf16,fp16,fp32] [--tag T]
 
 Run it under CUPROPE_KERNEL_DEFINES variants (benchmarks/tune.py's way) to
 compare kernels; CUPROPE_TOKEN_RUNS=0 turns token runs off on the host."""

@@ -3,7 +3,7 @@ the suite's shapes, for Nsight Compute (the copy is torch's copy kernel):
 
     ncu -k regex:"rope_kernel|copy" --launch-skip 4 --launch-count 2 \\
         --section SpeedOfLight --section Occupancy --section LaunchStats \\
-        python benchmarks/profile_shapes.py mha-d64 [bf16]
+        python benchmarks/probes/profile_shapes.py mha-d64 [bf16]
 
 Shapes: the suite's (cuprope.bench.SHAPES), q alone."""
 import sys

@@ -2,7 +2,7 @@
 D 128, bf16, in place, int32 positions) next to one tiny torch kernel, so the
 kernel durations (not the launch gaps) can be compared:
 
-    ncu --metrics gpu__time_duration.sum --launch-skip 4 python benchmarks/profile_decode.py
+    ncu --metrics gpu__time_duration.sum --launch-skip 4 python benchmarks/probes/profile_decode.py
 """
 import torch
 
