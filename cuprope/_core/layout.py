@@ -16,26 +16,26 @@ def ndim(layout: str) -> int:
     return 3 if layout in ("thd", "bsd") else 4
 
 
+def _canon(seq, layout, absent):
+    """A shape's or strides' (batch, sequence, head) entries; ``absent`` for a
+    dim the layout does not have."""
+    if layout == "bshd":
+        return seq[0], seq[1], seq[2]
+    if layout == "bhsd":
+        return seq[0], seq[2], seq[1]
+    if layout == "thd":
+        return absent, seq[0], seq[1]
+    return seq[0], seq[1], absent
+
+
 def canon_sizes(shape, layout: str):
     """(B, S, H) of a tensor of ``shape``."""
-    if layout == "bshd":
-        return shape[0], shape[1], shape[2]
-    if layout == "bhsd":
-        return shape[0], shape[2], shape[1]
-    if layout == "thd":
-        return 1, shape[0], shape[1]
-    return shape[0], shape[1], 1
+    return _canon(shape, layout, 1)
 
 
 def canon_strides(strides, layout: str):
     """(batch, sequence, head) strides; 0 for a dim the layout does not have."""
-    if layout == "bshd":
-        return strides[0], strides[1], strides[2]
-    if layout == "bhsd":
-        return strides[0], strides[2], strides[1]
-    if layout == "thd":
-        return 0, strides[0], strides[1]
-    return strides[0], strides[1], 0
+    return _canon(strides, layout, 0)
 
 
 def to_canon(a, layout: str):
