@@ -13,7 +13,9 @@ Shapes, by ``config.layout``:
 With a multi-stream config (``stream_map``), positions gain a leading stream
 axis ``[n_streams, ...]``. Positions are int32 or int64; without them token s
 of a sequence sits at ``offset + seq_offsets[b] + s``; with them at
-``offset + seq_offsets[b] + positions[..]``. dtypes: float32, float16,
+``offset + seq_offsets[b] + positions[..]``, exact for |position| <=
+2**31 - 1 (an offset, or host positions, outside raise ValueError; GPU
+positions are not read back to check). dtypes: float32, float16,
 bfloat16 (math in fp32, angles in float64). Any stride for batch, sequence and
 head dims; the last dim must be contiguous.
 """

@@ -193,8 +193,9 @@ def _config_for(theta2, head_dim):
 
 def _call(backward, x, do, theta, offset, act, dim, out):
     dim = _check_act_dim(act, dim)
-    offset = validate.as_offset(offset, lo=-1, message="offset must be an integer >= 0 (and < "
-                                                       "2**62), got {}")
+    offset = validate.as_offset(offset)
+    if offset < 0:
+        raise ValueError(f"offset must be an integer >= 0, got {offset}")
     if backward:
         dinfo = describe(do, "do")
         _check_x(dinfo, "do")
@@ -220,6 +221,9 @@ def _call(backward, x, do, theta, offset, act, dim, out):
     b, n, h, d = _bnhd(main)
     theta2 = normalize_theta(theta, h, d)
     validate.check_tokens(b * n, "B*N")
+    if n and offset + n - 1 > validate.MAX_POSITION:
+        raise ValueError(f"offset + N - 1 = {offset + n - 1}: positions are exact for "
+                         f"|position| <= 2**31 - 1")
     if act == "none":
         xinfo = None  # not read
     out_info = None

@@ -245,10 +245,37 @@ def test_numpy_integer_offset_is_accepted_and_equals_the_python_int(x, cfg):
     np.testing.assert_array_equal(rope_forward(x, cfg, offset=np.int32(9)), rope_forward(x, cfg, offset=9))
 
 
-@pytest.mark.parametrize("bad", [2 ** 63, -(2 ** 63)])
+@pytest.mark.parametrize("bad", [2 ** 63, -(2 ** 63), 2 ** 31, -(2 ** 31)])
 def test_offset_out_of_range_is_rejected(x, cfg, bad):
-    with pytest.raises(ValueError, match=r"^offset out of range"):
+    with pytest.raises(ValueError, match=r"^offset out of range.*exact for \|position\| <= 2\*\*31 - 1"):
         rope_forward(x, cfg, offset=bad)
+
+
+def test_offsets_at_the_ends_of_the_exact_range_are_accepted(x, cfg):
+    for off in (2 ** 31 - 1 - (S - 1), -(2 ** 31 - 1)):
+        y = rope_forward(x, cfg, offset=off)
+        assert y.shape == x.shape and np.isfinite(y).all()
+
+
+@pytest.mark.parametrize("what", ["positions", "seq_offsets", "sum"])
+def test_host_positions_past_the_exact_range_are_rejected_naming_them(x, cfg, what):
+    pos = np.arange(S, dtype=np.int64)
+    seq = np.zeros(B, dtype=np.int64)
+    if what == "positions":
+        pos[-1] = 2 ** 40
+        name = "positions"
+    elif what == "seq_offsets":
+        seq[0] = -(2 ** 62)
+        name = "seq_offsets"
+    else:
+        seq[-1] = 2 ** 31 - 1 - (S - 2)   # the last token lands one past the range
+        name = r"positions \+ offset \+ seq_offsets"
+    with pytest.raises(ValueError, match=rf"^{name} reach \d+: positions are exact"):
+        rope_forward(x, cfg, positions=pos, seq_offsets=seq)
+    seq[...] = 0
+    pos[...] = np.arange(S)
+    pos[-1] = 2 ** 31 - 1                  # the largest exact position is fine
+    assert np.isfinite(rope_forward(x, cfg, positions=pos, seq_offsets=seq)).all()
 
 
 # --------------------------------------------------------------------------- out= / inplace

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import threading
 
-from .validate import OFFSET_LIMIT
+from .validate import MAX_POSITION
 
 # A framework is an adapter tuple (key, ptr, alloc, stream, current_device):
 #   key(xs, config, inverse, positions, seq_offsets, outs, inplace): the plan
@@ -83,7 +83,7 @@ def fast_path(xs, config, inverse, positions, offset, seq_offsets, outs, inplace
     """Result tuple, or None when the general path must run."""
     if not config._plans or stream is not None or (inplace and outs is not None):
         return None
-    if type(offset) is not int or not -OFFSET_LIMIT < offset < OFFSET_LIMIT:
+    if type(offset) is not int or not -MAX_POSITION <= offset <= MAX_POSITION:
         return None
     fw = _FAST.get(type(xs[0]).__module__)
     if fw is None:

@@ -11,8 +11,8 @@ import numpy as np
 from .arrays import FLOAT_DTYPES, INDEX_DTYPES, describe, overlaps
 from .layout import DIMS, canon_sizes, ndim
 
-MAX_TOKENS = 2 ** 31 - 1  # the kernels index tokens in 32 bits
-OFFSET_LIMIT = 2 ** 62    # |offset| below this
+MAX_TOKENS = 2 ** 31 - 1    # the kernels index tokens in 32 bits
+MAX_POSITION = 2 ** 31 - 1  # angles are exact for |position| up to this
 
 
 def pair(out):
@@ -24,14 +24,23 @@ def pair(out):
     return tuple(out)
 
 
-def as_offset(offset, lo: int = -OFFSET_LIMIT, message: str = "offset out of range: {}") -> int:
-    """``offset`` as an int in (lo, OFFSET_LIMIT); bools and non-integers are a TypeError."""
+def as_offset(offset) -> int:
+    """``offset`` as an int with |offset| <= MAX_POSITION; bools and
+    non-integers are a TypeError."""
     if isinstance(offset, (bool, np.bool_)) or not isinstance(offset, (int, np.integer)):
         raise TypeError(f"offset must be an int, got {type(offset).__name__}")
     offset = int(offset)
-    if not lo < offset < OFFSET_LIMIT:
-        raise ValueError(message.format(offset))
+    if not -MAX_POSITION <= offset <= MAX_POSITION:
+        raise ValueError(f"offset out of range: {offset}; positions are exact for |position| "
+                         f"<= 2**31 - 1")
     return offset
+
+
+def check_positions(pos, names="positions + offset + seq_offsets"):
+    """Every final position (an int64 array on the host) within the exact range."""
+    if pos.size and int(np.abs(pos).max()) > MAX_POSITION:
+        raise ValueError(f"{names} reach {int(np.abs(pos).max())}: positions are exact for "
+                         f"|position| <= 2**31 - 1")
 
 
 def check_float(info, name):
