@@ -43,8 +43,8 @@ def test_torch_tensors_are_read_directly_and_detached():
 
 
 def test_jax_host_arrays_come_back_as_jax():
-    jnp = pytest.importorskip("jax.numpy")
-    x = jnp.arange(6, dtype=jnp.float32).reshape(2, 3)
+    jax = pytest.importorskip("jax")
+    x = jax.device_put(np.arange(6, dtype=np.float32).reshape(2, 3), jax.devices("cpu")[0])
     info = describe(x, "x")
     assert info.kind == "jax" and info.device == -1 and info.dtype == "float32"
     back = wrap_like(info, np.asarray(x) * 2)
