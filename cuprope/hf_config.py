@@ -40,6 +40,7 @@ how the caller's q/k are laid out (e.g. weights permuted at load time).
 """
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
 
 from ._core.checks import as_int
@@ -114,7 +115,7 @@ def _layer_types(d, fam):
     if nope is not None:
         return ["full_attention" if n else "chunked_attention" for n in nope]
     if fam.sliding_window_pattern is not None and _n_layers(d, fam):
-        pattern = int(d.get("sliding_window_pattern") or fam.sliding_window_pattern)
+        pattern = int((fam.pattern_key and d.get(fam.pattern_key)) or fam.sliding_window_pattern)
         types = ["sliding_attention" if (i + 1) % pattern else "full_attention"
                  for i in range(_n_layers(d, fam))]
         if fam.last_layer_full:
@@ -147,15 +148,15 @@ def _select_layer(d, fam, layer_type, layer_idx):
 
 
 def _per_type(rp, top, fam):
-    """Gemma 3's legacy format as per-layer-type parameters (Gemma3TextConfig
-    .convert_rope_params_to_dict): rope_scaling and rope_theta for full attention,
-    rope_local_base_freq for sliding attention."""
+    """Legacy single parameters as per-layer-type ones where the model class splits them
+    (Gemma3TextConfig / Olmo3Config.convert_rope_params_to_dict): rope_scaling and
+    rope_theta for full attention, default RoPE with the local base for sliding attention."""
     if fam.local_rope_theta is None:
         return rp
     full = dict(rp) if rp else {"rope_type": "default"}
     if top.get("rope_theta") is not None:
         full.setdefault("rope_theta", top["rope_theta"])
-    local = top.get("rope_local_base_freq")
+    local = top.get(fam.local_theta_key) if fam.local_theta_key else None
     sliding = {"rope_type": "default",
                "rope_theta": fam.local_rope_theta if local is None else local}
     return {"full_attention": full, "sliding_attention": sliding}
@@ -196,7 +197,7 @@ def hf_rope_parameters(config, *, layer_type: str | None = None, layer_idx: int 
     if nope:
         return None
     if not rp and known.default_rope_parameters:
-        rp = {k: dict(v) for k, v in known.default_rope_parameters.items()}
+        rp = copy.deepcopy(known.default_rope_parameters)
     if not _is_nested(rp, top):
         rp = _per_type(rp, top, known)
     if _is_nested(rp, top):
@@ -261,6 +262,7 @@ def hf_rope_parameters(config, *, layer_type: str | None = None, layer_idx: int 
         max_pos = top.get("max_position_embeddings", rp.get("max_position_embeddings"))
     out["max_position_embeddings"] = max_pos
     out["mrope_interleaved"] = bool(rp.get("mrope_interleaved")) or known.mrope_interleaved
+    out["mrope_section"] = rp.get("mrope_section") or known.mrope_section
     pairs = known.interleaved if fam is not None else None
     if isinstance(pairs, tuple):  # a config field chooses (DeepSeek-V3 rope_interleave)
         key, default = pairs
@@ -384,7 +386,7 @@ def rope_config_from_hf(config, *, head_dim: int | None = None, seq_len: int | N
             raise ValueError(f"model_type {mt!r} is not in cuprope's family table, so its pair "
                              f"layout is unknown: pass interleaved=True (pairs (2i, 2i+1)) or "
                              f"False (half split (i, i + R/2), HF's rotate_half)")
-    section = p.get("mrope_section")
+    section = p["mrope_section"]
     if section is not None:
         build = interleaved_mrope_config if p["mrope_interleaved"] else mrope_config
         return build(section, inv, scale=scale, layout=layout, interleaved=interleaved)
