@@ -65,6 +65,7 @@ CONFIGS = {
         "rope_theta": 500000.0,
         "rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
                          "original_max_position_embeddings": 8192, "rope_type": "llama3"}},
+    # text_config from a transcription of the published file (a copy on the unsloth mirror)
     "Llama-4-Scout-17B-16E": {
         "model_type": "llama4",
         "text_config": {
@@ -167,6 +168,8 @@ CONFIGS = {
                         "intermediate_size": 10240, "num_hidden_layers": 34,
                         "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
                         "sliding_window": 1024}},
+    # not read from the file itself: the values (and the nested rope_parameters form) agree across
+    # the model card and several third-party copies; layer_types follows the 5:1 pattern they list
     "gemma-4-31B-it": {
         "model_type": "gemma4",
         "text_config": {
