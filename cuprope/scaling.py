@@ -34,13 +34,13 @@ Multimodal (positions gain a leading stream axis, ``[n_streams, S]`` or
   stream; the frequency index restarts at the second half:
   θ = base^(−2k/(D/2)), k = j mod D/4.
 
-:func:`rope_config_from_hf` reads a model's ``config.json`` dict (or a
-``transformers`` config object) and returns the matching ``RopeConfig``.
+:func:`rope_config_from_hf`, :func:`hf_table` and :func:`hf_rope_parameters`
+read a model's ``config.json``; they live in :mod:`cuprope.hf_config` and are
+re-exported here.
 """
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 
 import numpy as np
 
@@ -278,205 +278,6 @@ def proportional_table(head_dim: int, base: float, partial_rotary_factor: float,
     return inv / _positive(factor, "factor"), 1.0
 
 
-# --------------------------------------------------------------------------- HF configs
-
-def _as_dict(config) -> dict:
-    if isinstance(config, Mapping):
-        return dict(config)
-    if hasattr(config, "to_dict"):
-        return dict(config.to_dict())
-    if hasattr(config, "__dict__"):
-        return dict(vars(config))
-    raise TypeError(f"config must be a dict (config.json) or a transformers config, "
-                    f"got {type(config).__name__}")
-
-
-_ROPE_KEYS = ("rope_theta", "rope_scaling", "rope_parameters", "rotary_emb_base")
-
-
-def _text_part(d: dict) -> dict:
-    """Multimodal configs (Qwen3-VL, …) keep the language model in text_config."""
-    tc = d.get("text_config")
-    if isinstance(tc, Mapping) and not any(d.get(k) is not None for k in _ROPE_KEYS):
-        tc = _as_dict(tc)
-        merged = {k: v for k, v in d.items() if k not in ("text_config", "vision_config")}
-        merged.update(tc)
-        return merged
-    return d
-
-
-def hf_rope_parameters(config, *, layer_type: str | None = None, head_dim: int | None = None,
-                       max_position_embeddings: int | None = None) -> dict:
-    """The standardized RoPE parameters of an HF config, as HF v5 reads them.
-
-    ``config``: a ``config.json`` dict (``rope_scaling`` or ``rope_parameters``,
-    legacy key ``type`` or ``rope_type``), a ``transformers`` config object, or
-    a bare rope dict (``{"rope_type": ..., ...}``, then ``head_dim`` is required).
-    Returns a dict with ``rope_type`` (one of :data:`ROPE_TYPES`), ``rope_theta``,
-    ``partial_rotary_factor``, ``head_dim``, ``dim`` (rotated dims),
-    ``max_position_embeddings`` and the scheme's own keys. Per-layer-type
-    parameters (``{"full_attention": {...}, "sliding_attention": {...}}``) need
-    ``layer_type``."""
-    d = _text_part(_as_dict(config))
-    if "rope_type" in d or ("type" in d and "model_type" not in d):
-        rp, top = dict(d), {}  # a bare rope dict
-    else:
-        rp = d.get("rope_scaling") or d.get("rope_parameters") or {}
-        rp = _as_dict(rp) if rp else {}
-        top = d
-    labels = set(top.get("layer_types") or ())
-    nested = bool(rp) and (
-        any(k in labels for k in rp)
-        or (all(v is None or isinstance(v, Mapping) for v in rp.values())
-            and any(isinstance(v, Mapping) for v in rp.values())))
-    if nested:
-        if layer_type is None:
-            raise ValueError(f"this config has RoPE parameters per layer type {sorted(rp)}; "
-                             f"pass layer_type=")
-        if not isinstance(rp.get(layer_type), Mapping):
-            raise ValueError(f"layer_type {layer_type!r} has no RoPE parameters in this config "
-                             f"(it has {sorted(k for k, v in rp.items() if v is not None)})")
-        rp = _as_dict(rp[layer_type])
-
-    out = dict(rp)
-    rope_type = rp.get("rope_type", rp.get("type", "default")) or "default"
-    rope_type = _ALIASES.get(rope_type, rope_type)
-    if rope_type not in ROPE_TYPES:
-        raise ValueError(f"unknown rope_type {rope_type!r}; supported: {', '.join(ROPE_TYPES)} "
-                         f"(and the aliases {sorted(_ALIASES)})")
-    out["rope_type"] = rope_type
-    out.pop("type", None)
-    theta = rp.get("rope_theta")
-    if theta is None:
-        theta = top.get("rope_theta", top.get("rotary_emb_base"))  # GPT-NeoX's legacy name
-    out["rope_theta"] = float(10000.0 if theta is None else theta)
-    prf = rp.get("partial_rotary_factor")
-    if prf is None:
-        prf = top.get("partial_rotary_factor", top.get("rotary_pct"))  # rotary_pct: GPT-NeoX's name
-    out["partial_rotary_factor"] = float(1.0 if prf is None else prf)
-
-    hd = head_dim
-    if hd is None:
-        hd = top.get("head_dim") or top.get("qk_rope_head_dim")
-    if hd is None and top.get("hidden_size") and top.get("num_attention_heads"):
-        hd = top["hidden_size"] // top["num_attention_heads"]
-    if hd is None:
-        raise ValueError("cannot tell the head dim: the config has no head_dim (or qk_rope_head_dim) "
-                         "nor hidden_size and num_attention_heads; pass head_dim=")
-    out["head_dim"] = int(hd)
-    if rope_type == "proportional":
-        dim = out["head_dim"]  # rotates over the whole head; pairs past the proportion get θ = 0
-        if dim % 2:
-            raise ValueError(f"proportional RoPE needs an even head_dim, got {dim}")
-    elif top.get("rotary_dim") and prf is None:
-        dim = int(top["rotary_dim"])  # GPT-J / CodeGen state the rotated dims directly
-        if not 0 < dim <= out["head_dim"] or dim % 2:
-            raise ValueError(f"rotary_dim ({dim}) must be a positive even integer <= head_dim "
-                             f"({out['head_dim']})")
-    else:
-        dim = int(out["head_dim"] * out["partial_rotary_factor"])
-        if dim <= 0 or dim % 2:
-            raise ValueError(f"rotated dims int(head_dim * partial_rotary_factor) = "
-                             f"int({out['head_dim']} * {out['partial_rotary_factor']}) = {dim} "
-                             f"must be a positive even integer")
-    out["dim"] = dim
-    max_pos = max_position_embeddings
-    if max_pos is None:
-        max_pos = top.get("max_position_embeddings", rp.get("max_position_embeddings"))
-    out["max_position_embeddings"] = max_pos
-    # Qwen3-VL states it in rope_scaling; HF's Qwen3-VL model interleaves regardless
-    out["mrope_interleaved"] = bool(rp.get("mrope_interleaved")) or str(
-        top.get("model_type", "")).startswith("qwen3_vl")
-    if rope_type in ("llama3", "yarn", "longrope"):
-        # HF: a top-level original_max_position_embeddings (Phi-3) takes priority
-        orig = top.get("original_max_position_embeddings")
-        if orig is None:
-            orig = rp.get("original_max_position_embeddings")
-        if orig is None:
-            orig = max_pos
-        if orig is None:
-            raise ValueError(f"{rope_type}: the config has neither original_max_position_embeddings "
-                             f"nor max_position_embeddings")
-        out["original_max_position_embeddings"] = orig
-    return out
-
-
-def _require(p, key):
-    if p.get(key) is None:
-        raise ValueError(f"{p['rope_type']} RoPE needs {key!r} in the config's rope parameters")
-    return p[key]
-
-
-def hf_table(config, *, head_dim: int | None = None, seq_len: int | None = None,
-             layer_type: str | None = None, max_position_embeddings: int | None = None):
-    """(inv_freq float64 ``[dim/2]``, attention scale) of an HF config, for a
-    sequence length ``seq_len`` (used by dynamic and longrope only)."""
-    p = hf_rope_parameters(config, layer_type=layer_type, head_dim=head_dim,
-                           max_position_embeddings=max_position_embeddings)
-    return _table_from_params(p, seq_len)
-
-
-def _table_from_params(p, seq_len):
-    t, dim, base = p["rope_type"], p["dim"], p["rope_theta"]
-    if t == "default":
-        return default_table(dim, base)
-    if t == "linear":
-        return linear_table(dim, base, _require(p, "factor"))
-    if t == "dynamic":
-        if p["max_position_embeddings"] is None:
-            raise ValueError("dynamic RoPE needs max_position_embeddings in the config")
-        return dynamic_ntk_table(dim, base, _require(p, "factor"), p["max_position_embeddings"],
-                                 seq_len)
-    if t == "yarn":
-        return yarn_table(dim, base, p.get("factor"),
-                          original_max_position_embeddings=p["original_max_position_embeddings"],
-                          max_position_embeddings=p["max_position_embeddings"],
-                          beta_fast=p.get("beta_fast") or 32, beta_slow=p.get("beta_slow") or 1,
-                          mscale=p.get("mscale"), mscale_all_dim=p.get("mscale_all_dim"),
-                          attention_factor=p.get("attention_factor"),
-                          truncate=bool(p.get("truncate", True)))
-    if t == "longrope":
-        return longrope_table(dim, base, _require(p, "short_factor"), _require(p, "long_factor"),
-                              original_max_position_embeddings=p["original_max_position_embeddings"],
-                              max_position_embeddings=p["max_position_embeddings"],
-                              factor=p.get("factor"), attention_factor=p.get("attention_factor"),
-                              seq_len=seq_len)
-    if t == "proportional":
-        return proportional_table(dim, base, p["partial_rotary_factor"], p.get("factor") or 1.0)
-    # llama3
-    return llama3_table(dim, base, _require(p, "factor"), _require(p, "low_freq_factor"),
-                        _require(p, "high_freq_factor"), p["original_max_position_embeddings"])
-
-
-def rope_config_from_hf(config, *, head_dim: int | None = None, seq_len: int | None = None,
-                        layout: str = "bshd", interleaved: bool = False,
-                        layer_type: str | None = None,
-                        max_position_embeddings: int | None = None) -> RopeConfig:
-    """The ``RopeConfig`` of a HF model, from its ``config.json`` dict as it is.
-
-    Reads ``rope_theta``, ``rope_scaling`` or ``rope_parameters`` (``rope_type``
-    or the legacy ``type``), ``partial_rotary_factor``, ``head_dim`` (else
-    ``qk_rope_head_dim``, else hidden_size // num_attention_heads),
-    ``max_position_embeddings`` and ``original_max_position_embeddings``;
-    multimodal configs' ``text_config`` is used when the top level has no RoPE
-    keys. ``mrope_section`` in the rope parameters gives a Qwen2-VL MRoPE config
-    (positions ``[3, ...]``), with ``mrope_interleaved: true`` the Qwen3-VL
-    interleaved one. ``seq_len``: the sequence length for dynamic NTK and
-    LongRoPE (None: the original context). ``interleaved``: pairs (2i, 2i+1)
-    instead of HF's half split (i, i + R/2).
-
-    Returns ``RopeConfig(rotary_dim=dim, inv_freq=..., scale=attention scale,
-    stream_map=None or the MRoPE map)``."""
-    p = hf_rope_parameters(config, layer_type=layer_type, head_dim=head_dim,
-                           max_position_embeddings=max_position_embeddings)
-    inv, scale = _table_from_params(p, seq_len)
-    section = p.get("mrope_section")
-    if section is not None:
-        build = interleaved_mrope_config if p["mrope_interleaved"] else mrope_config
-        return build(section, inv, scale=scale, layout=layout, interleaved=interleaved)
-    return RopeConfig(p["dim"], inv_freq=inv, scale=scale, layout=layout, interleaved=interleaved)
-
-
 # --------------------------------------------------------------------------- multimodal
 
 def _sections(section, n=3, name="mrope_section"):
@@ -561,3 +362,15 @@ def vision2d_config(head_dim: int, *, base: float = 10000.0, scale: float = 1.0,
     inv, smap = vision2d_tables(head_dim, base)
     return RopeConfig(int(head_dim), inv_freq=inv, scale=scale, layout=layout,
                       interleaved=interleaved, stream_map=smap)
+
+
+_HF_NAMES = ("hf_rope_parameters", "hf_table", "rope_config_from_hf")
+
+
+def __getattr__(name):
+    """``scaling.rope_config_from_hf`` & co. come from :mod:`cuprope.hf_config`
+    (imported on first use: that module imports the tables above)."""
+    if name in _HF_NAMES:
+        from . import hf_config
+        return getattr(hf_config, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
