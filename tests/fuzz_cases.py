@@ -107,7 +107,7 @@ class Backend:
         t = torch.from_numpy((host.view(np.int16) if host.dtype == BF16 else host).copy())
         if host.dtype == BF16:
             t = t.view(torch.bfloat16)
-        return t.to("cuda") if self.gpu else t
+        return t.to("cuda") if self.name == "torch-cuda" else t
 
     def view(self, flat, ops):
         lead, size, pshape, slices, perm = ops
@@ -145,9 +145,15 @@ class Backend:
         return torch.cuda.current_stream()
 
 
+def draw_dtype(rng):
+    """(dtype name, Backend, NumPy dtype). The backend takes one draw whatever
+    the machine: a case is the same configuration on the GPU and on the CPU,
+    only where its arrays live differs."""
+    dtype = pick(rng, DTYPES)
+    return dtype, draw_backend(rng, dtype), NP_DTYPES[dtype]
+
+
 def draw_backend(rng, dtype):
-    """One draw, whatever the machine: the same case is the same configuration
-    on the GPU and on the CPU, only where the arrays live differs."""
     u = rng.random()
     if ON_GPU:
         name = "cupy" if u < 0.25 else "torch-cuda"
@@ -451,6 +457,31 @@ def output_target(form, name):
     return {"out": "out_" + name, "inplace": name, "out=input": name}.get(form)
 
 
+@dataclass
+class Operands:
+    """The rotated tensors of a call: names, float64 values, output form, the
+    buffers of the inputs and of out=, and a description."""
+    names: list
+    x64: list
+    form: str
+    bufs: list
+    desc: str
+
+    def expects(self, want, rule, keep=None):
+        """Expect per tensor: want(values) under ``rule``; dims >= ``keep`` pass through."""
+        return [Expect(n, want(x), rule, n, output_target(self.form, n),
+                       None if keep is None else (keep, x)) for n, x in zip(self.names, self.x64)]
+
+
+def draw_operands(rng, npdt, layout, names, shapes, forms=FORMS):
+    x64 = [exact_values(rng, sh) for sh in shapes]
+    form = pick(rng, forms)
+    in_bufs, in_desc = place_inputs(rng, npdt, names, shapes, x64,
+                                    form in ("inplace", "out=input"), layout)
+    out_bufs, out_desc = place_outputs(rng, npdt, names, shapes, layout, form)
+    return Operands(names, x64, form, in_bufs + out_bufs, f"in:{in_desc} form={form}{out_desc}")
+
+
 def draw_budget(rng, span):
     """The largest position a call may reach: small, mid-range, or within 100 of 2³¹ − 1."""
     r = rng.random()
@@ -665,9 +696,7 @@ def gen_rope(rng, family):
     """cuprope.rope_forward/backward and rope_qk_forward/backward with a
     RopeConfig drawn by ``core_config`` (family "core") or ``scheme_config``
     ("schemes")."""
-    dtype = pick(rng, DTYPES)
-    be = draw_backend(rng, dtype)
-    npdt = NP_DTYPES[dtype]
+    dtype, be, npdt = draw_dtype(rng)
     layout, qk, inverse = pick(rng, LAYOUTS), rng.random() < 0.55, rng.random() < 0.45
     d, interleaved = int(pick(rng, HEAD_DIMS)), rng.random() < 0.4
     build, cdesc, per_head = (core_config if family == "core" else scheme_config)(
@@ -676,32 +705,25 @@ def gen_rope(rng, family):
     cfg = build(heads[0])
     b, s = draw_sizes(rng, heads, d, long=cfg.per_head)
     pos = draw_positions(rng, layout, *canon_bs(layout, b, s), cfg.n_streams)
-    names = ["q", "k"] if qk else ["x"]
-    shapes = [shape_for(layout, b, s, h, d) for h in heads]
-    x64 = [exact_values(rng, sh) for sh in shapes]
-    form = pick(rng, FORMS)
-    in_bufs, in_desc = place_inputs(rng, npdt, names, shapes, x64, form in ("inplace", "out=input"),
-                                    layout)
-    out_bufs, out_desc = place_outputs(rng, npdt, names, shapes, layout, form)
+    op = draw_operands(rng, npdt, layout, ["q", "k"] if qk else ["x"],
+                       [shape_for(layout, b, s, h, d) for h in heads])
     warm, stream_kw = finish_call(rng, be)
     fn = ROPE_FUNCS[(inverse, qk)]
 
     def invoke(a):
         kw = {k: a[v] for k, v in pos.arrays.items()}
-        kw.update(pos.consts, **output_kwargs(form, names, a), **stream_kw)
-        return fn(*[a[n] for n in names], cfg, **kw)
+        kw.update(pos.consts, **output_kwargs(op.form, op.names, a), **stream_kw)
+        return fn(*[a[n] for n in op.names], cfg, **kw)
 
-    xmax = max(float(np.abs(x).max()) for x in x64)
-    keep = cfg.rotary_dim if cfg.rotary_dim < d else None
-    expects = [Expect(n, rope_expected(x, cfg, inverse=inverse, **pos.host),
-                      ulp_rule(xmax, dtype, cfg.scale), n, output_target(form, n),
-                      None if keep is None else (keep, x))
-               for n, x in zip(names, x64)]
+    xmax = max(float(np.abs(x).max()) for x in op.x64)
+    expects = op.expects(lambda x: rope_expected(x, cfg, inverse=inverse, **pos.host),
+                         ulp_rule(xmax, dtype, cfg.scale),
+                         cfg.rotary_dim if cfg.rotary_dim < d else None)
     desc = (f"{be.name} {dtype} {fn.__name__} {layout} B{b} S{s} H{heads} D{d} "
-            f"{'interleaved' if interleaved else 'half'} {cdesc} {pos.desc} in:{in_desc} "
-            f"form={form}{out_desc}{' warm' if warm else ''}{' stream=' if stream_kw else ''}")
-    return Case(family, desc, be, in_bufs + out_bufs + pos.bufs, invoke, expects, warm,
-                {"dtype": dtype, "layout": layout, "form": form, "backend": be.name})
+            f"{'interleaved' if interleaved else 'half'} {cdesc} {pos.desc} {op.desc}"
+            f"{' warm' if warm else ''}{' stream=' if stream_kw else ''}")
+    return Case(family, desc, be, op.bufs + pos.bufs, invoke, expects, warm,
+                {"dtype": dtype, "layout": layout, "form": op.form, "backend": be.name})
 
 
 def gen_core(rng):
@@ -763,9 +785,7 @@ def table4(t64):
 def gen_tables(rng):
     """cuprope.tables.rope_(qk_)table_forward/backward: HF's formula by the
     caller's cos/sin tables, bit for bit."""
-    dtype = pick(rng, DTYPES)
-    be = draw_backend(rng, dtype)
-    npdt = NP_DTYPES[dtype]
+    dtype, be, npdt = draw_dtype(rng)
     layout, qk, inverse = pick(rng, LAYOUTS), rng.random() < 0.55, rng.random() < 0.45
     d, interleaved = int(pick(rng, HEAD_DIMS[:-1])), rng.random() < 0.4
     r = draw_rotary(rng, d)
@@ -776,19 +796,14 @@ def gen_tables(rng):
     tshape = {"TR": (cs, r), "BSR": (cb, cs, r), "1SR": (1, cs, r), "SR": (cs, r)}[tkind]
     c64, s64, vdesc = table_values(rng, tshape, interleaved, npdt)
     t_bufs, t_desc = place_tables(rng, npdt, tshape, c64, s64)
-    names = ["q", "k"] if qk else ["x"]
-    shapes = [shape_for(layout, b, s, h, d) for h in heads]
-    x64 = [exact_values(rng, sh) for sh in shapes]
-    form = pick(rng, FORMS)
-    in_bufs, in_desc = place_inputs(rng, npdt, names, shapes, x64, form in ("inplace", "out=input"),
-                                    layout)
-    out_bufs, out_desc = place_outputs(rng, npdt, names, shapes, layout, form)
+    op = draw_operands(rng, npdt, layout, ["q", "k"] if qk else ["x"],
+                       [shape_for(layout, b, s, h, d) for h in heads])
     warm, stream_kw = finish_call(rng, be)
     fn = TABLE_FUNCS[(inverse, qk)]
 
     def invoke(a):
-        return fn(*[a[n] for n in names], a["cos"], a["sin"], layout=layout,
-                  interleaved=interleaved, **output_kwargs(form, names, a), **stream_kw)
+        return fn(*[a[n] for n in op.names], a["cos"], a["sin"], layout=layout,
+                  interleaved=interleaved, **output_kwargs(op.form, op.names, a), **stream_kw)
 
     def want(x):
         y = reference.rotate_with_tables(to_canon(x, layout), table4(c64), table4(s64),
@@ -796,15 +811,12 @@ def gen_tables(rng):
                                          inverse=inverse, dtype=npdt)
         return from_canon(reference.round_to_dtype(y, npdt).astype(np.float64), layout)
 
-    keep = r if r < d else None
-    expects = [Expect(n, want(x), assert_bitwise, n, output_target(form, n),
-                      None if keep is None else (keep, x)) for n, x in zip(names, x64)]
+    expects = op.expects(want, assert_bitwise, r if r < d else None)
     desc = (f"{be.name} {dtype} {fn.__name__} {layout} B{b} S{s} H{heads} D{d} R{r} "
             f"{'interleaved' if interleaved else 'half'} tables{list(tshape)} {vdesc} "
-            f"t:{t_desc} in:{in_desc} form={form}{out_desc}{' warm' if warm else ''}"
-            f"{' stream=' if stream_kw else ''}")
-    return Case("tables", desc, be, in_bufs + out_bufs + t_bufs, invoke, expects, warm,
-                {"dtype": dtype, "layout": layout, "form": form, "backend": be.name})
+            f"t:{t_desc} {op.desc}{' warm' if warm else ''}{' stream=' if stream_kw else ''}")
+    return Case("tables", desc, be, op.bufs + t_bufs, invoke, expects, warm,
+                {"dtype": dtype, "layout": layout, "form": op.form, "backend": be.name})
 
 
 # --------------------------------------------------------------------------- ggml
@@ -839,9 +851,7 @@ def ggml_params(rng):
 def gen_ggml(rng):
     """cuprope.ggml.rope (every mode, forward and rope_back) against
     test_ggml.py's transcription of ggml's C loop."""
-    dtype = pick(rng, DTYPES)
-    be = draw_backend(rng, dtype)
-    npdt = NP_DTYPES[dtype]
+    dtype, be, npdt = draw_dtype(rng)
     mode = int(pick(rng, [ggml.NORMAL, ggml.NEOX, ggml.MROPE, ggml.VISION, ggml.IMROPE]))
     d = int(pick(rng, GGML_DIMS))
     if mode == ggml.VISION and d % 4:
@@ -862,12 +872,9 @@ def gen_ggml(rng):
     if rng.random() < 0.4:
         ff = rng.uniform(0.5, 4.0, n_pairs + int(rng.integers(0, 4))).astype(np.float32)
     forward = rng.random() < 0.55
-    x64 = exact_values(rng, shape)
-    form = pick(rng, ["new", "out", "inplace"])
-    x_buf = make_buf(rng, npdt, [("x", shape, x64, form == "inplace")])
-    out_bufs, out_desc = place_outputs(rng, npdt, ["x"], [shape], "thd", form)
+    op = draw_operands(rng, npdt, "thd", ["x"], [shape], forms=["new", "out", "inplace"])
     pos_buf = make_buf(rng, np.dtype(np.int32), [("pos", pos.shape, pos, False)], plain_p=0.6)
-    bufs = [x_buf, pos_buf] + out_bufs
+    bufs = op.bufs + [pos_buf]
     ff_dev = ff is not None and rng.random() < 0.5  # else a host array
     if ff_dev:
         bufs.append(make_buf(rng, np.dtype(np.float32), [("ff", ff.shape, ff, False)]))
@@ -876,22 +883,22 @@ def gen_ggml(rng):
     def invoke(a):
         fa = a["ff"] if "ff" in a else ff
         return ggml.rope(a["x"], a["pos"], fa, forward=forward, **params,
-                         **output_kwargs(form, ["x"], a), **stream_kw)
+                         **output_kwargs(op.form, ["x"], a), **stream_kw)
 
-    ref = c_rope(x64[None] if three_d else x64, pos, ff, forward=forward, **params)
-    ref = ref[0] if three_d else ref
+    def want(x):
+        return (c_rope(x[None], pos, ff, forward=forward, **params)[0] if three_d
+                else c_rope(x, pos, ff, forward=forward, **params))
+
     mscale = c_mscale(params["attn_factor"], params["freq_scale"], params["ext_factor"])
-    keep = (n_dims, x64) if mode != ggml.VISION and n_dims < d else None
-    expects = [Expect("x", ref, ulp_rule(float(np.abs(x64).max()), dtype, mscale), "x",
-                      output_target(form, "x"), keep)]
+    expects = op.expects(want, ulp_rule(float(np.abs(op.x64[0]).max()), dtype, mscale),
+                         n_dims if mode != ggml.VISION and n_dims < d else None)
     pdesc = ", ".join(f"{k}={v}" for k, v in params.items() if k not in ("n_dims", "mode"))
     desc = (f"{be.name} {dtype} ggml.rope {ggml.MODES[mode]} {'fwd' if forward else 'back'} "
             f"src{list(shape)} n_dims={n_dims} {pdesc} pos<{top}"
             f"{'' if ff is None else f' ff[{ff.size}]' + ('@x' if ff_dev else '')} "
-            f"in:{x_buf.placement} form={form}{out_desc}{' warm' if warm else ''}"
-            f"{' stream=' if stream_kw else ''}")
+            f"{op.desc}{' warm' if warm else ''}{' stream=' if stream_kw else ''}")
     return Case("ggml", desc, be, bufs, invoke, expects, warm,
-                {"dtype": dtype, "mode": ggml.MODES[mode], "form": form, "backend": be.name})
+                {"dtype": dtype, "mode": ggml.MODES[mode], "form": op.form, "backend": be.name})
 
 
 # --------------------------------------------------------------------------- LRPE
@@ -931,9 +938,7 @@ def lrpe_offset(rng, n):
 
 def gen_lrpe(rng):
     """cuprope.lrpe.rotate_1d_forward/backward: every act × dim × θ shape, offsets."""
-    dtype = pick(rng, DTYPES)
-    be = draw_backend(rng, dtype)
-    npdt = NP_DTYPES[dtype]
+    dtype, be, npdt = draw_dtype(rng)
     three_d = rng.random() < 0.15
     d = int(pick(rng, LRPE_DIMS))
     h = 1 if three_d else int(pick(rng, [1, 2, 3, 4, 5, 8]))
