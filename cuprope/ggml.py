@@ -289,7 +289,8 @@ def rope(src0, pos, freq_factors=None, *, n_dims: int, mode: int, n_ctx_orig: in
                       attn_factor=attn_factor, beta_fast=beta_fast, beta_slow=beta_slow,
                       sections=sections, layout=layout)
     positions = pos
-    if multi:
-        positions = pos.reshape(4, s)[: cfg.n_streams]
+    if multi:  # the streams the config uses; one stream takes the plain [S] form
+        streams = pos.reshape(4, s)
+        positions = streams[0] if cfg.n_streams == 1 else streams[: cfg.n_streams]
     fn = rope_forward if forward else rope_backward
     return fn(src0, cfg, positions=positions, out=out, inplace=inplace, stream=stream)

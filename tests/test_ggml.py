@@ -520,3 +520,21 @@ def test_bad_float_parameters(kw, msg):
 def test_bad_n_ctx_orig_type():
     with pytest.raises(TypeError, match="n_ctx_orig must be an int"):
         call(n_ctx_orig=4096.0)
+
+
+@pytest.mark.parametrize("mode", [ggml.MROPE, ggml.VISION, ggml.IMROPE])
+def test_multi_modes_with_every_pair_on_the_t_stream_take_batches(mode):
+    """Sections that send every rotated pair to stream t leave a one-stream
+    config; its positions must still be read per token for B > 1 and 3-D src0
+    (the fuzz found [1, S] read as [B, S])."""
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((2, 3, 2, 8)).astype(np.float32)
+    pos = np.concatenate([np.arange(3, dtype=np.int32) * 5, np.full(9, 77, np.int32)])
+    secs = (4, 0, 0, 0) if mode != ggml.VISION else (2, 0, 0, 0)
+    n_dims = 8 if mode != ggml.VISION else 4
+    got = ggml.rope(x, pos, n_dims=n_dims, mode=mode, sections=secs)
+    for b in range(2):  # each sequence alone equals the batched call
+        np.testing.assert_array_equal(got[b:b + 1], ggml.rope(x[b:b + 1], pos, n_dims=n_dims,
+                                                                mode=mode, sections=secs))
+    three_d = ggml.rope(x[0], pos, n_dims=n_dims, mode=mode, sections=secs)
+    np.testing.assert_array_equal(three_d, got[0])
