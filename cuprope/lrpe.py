@@ -158,17 +158,6 @@ def _layout(info):
     return "bsd" if len(info.shape) == 3 else "bshd"
 
 
-def _check_x(info, name):
-    validate.check_float(info, name)
-    if len(info.shape) not in (3, 4):
-        raise ValueError(f"{name} must be [B, N, H, D] or [B, N, D], got shape {tuple(info.shape)}")
-    d = info.shape[-1]
-    if d < 2 or d % 2:
-        raise ValueError(f"{name}: the head dim D must be even and >= 2 (pairs (i, i + D/2)), "
-                         f"got D = {d}")
-    validate.check_last_dim(info, name)
-
-
 def _bnhd(info):
     return canon_sizes(info.shape, _layout(info)) + (info.shape[-1],)
 
@@ -198,7 +187,7 @@ def _call(backward, x, do, theta, offset, act, dim, out):
         raise ValueError(f"offset must be an integer >= 0, got {offset}")
     if backward:
         dinfo = describe(do, "do")
-        _check_x(dinfo, "do")
+        validate.check_rotate_1d(dinfo, "do")
         xinfo = None
         if x is None:
             if act != "none":
@@ -206,7 +195,7 @@ def _call(backward, x, do, theta, offset, act, dim, out):
                                  f"may pass x=None)")
         else:
             xinfo = describe(x, "x")
-            _check_x(xinfo, "x")
+            validate.check_rotate_1d(xinfo, "x")
             validate.check_same_kind(xinfo, dinfo, "x", "do")
             if tuple(xinfo.shape) != tuple(dinfo.shape):
                 raise ValueError(f"x and do must have the same shape, got {tuple(xinfo.shape)} "
@@ -215,7 +204,7 @@ def _call(backward, x, do, theta, offset, act, dim, out):
         inputs = [i for i in (dinfo, xinfo) if i is not None]
     else:
         xinfo = describe(x, "x")
-        _check_x(xinfo, "x")
+        validate.check_rotate_1d(xinfo, "x")
         main = xinfo
         inputs = [xinfo]
     b, n, h, d = _bnhd(main)

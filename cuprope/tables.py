@@ -79,50 +79,6 @@ class _TableSource:
 _SOURCES = {(lay, il): _TableSource(lay, il) for lay in LAYOUTS for il in (False, True)}
 
 
-def _table_strides(info, name, layout, b, s):
-    """(batch stride, sequence stride) of a cos/sin table, after checking it."""
-    shape, st = tuple(info.shape), info.strides
-    r = shape[-1] if shape else 0
-    if layout == "thd":
-        if shape != (s, r):
-            raise ValueError(f"{name} must be [T, R] = [{s}, R] for layout 'thd', got {list(shape)}")
-        return 0, st[0]
-    if len(shape) == 2 and shape[0] == s:
-        return 0, st[0]
-    if len(shape) == 3 and shape[1] == s and shape[0] in (1, b):
-        return (st[0] if shape[0] > 1 else 0), st[1]
-    raise ValueError(f"{name} must be [B, S, R], [1, S, R] or [S, R] with B = {b}, S = {s}, "
-                     f"got {list(shape)}")
-
-
-def _check_tables(cinfo, sinfo, x0, b, s, layout):
-    for info, name in ((cinfo, "cos"), (sinfo, "sin")):
-        if info.dtype != x0.dtype:
-            raise TypeError(f"{name} must have the tensors' dtype {x0.dtype} (HF casts its "
-                            f"tables to the activations' dtype), got {info.dtype}")
-        if info.device != x0.device:
-            where = "host" if info.device < 0 else f"cuda:{info.device}"
-            raise ValueError(f"{name} is on {where} but the tensors are not")
-        if info.shape:
-            validate.check_last_dim(info, name, "the last dim")
-    if tuple(cinfo.shape) != tuple(sinfo.shape):
-        raise ValueError(f"cos and sin must have the same shape, got {list(cinfo.shape)} "
-                         f"and {list(sinfo.shape)}")
-    tc = _table_strides(cinfo, "cos", layout, b, s)
-    ts = _table_strides(sinfo, "sin", layout, b, s)
-    if tc != ts:
-        raise ValueError(f"cos and sin must have the same strides, got {cinfo.strides} "
-                         f"and {sinfo.strides}")
-    return tc
-
-
-def _rotary_dim(cinfo):
-    r = cinfo.shape[-1] if cinfo.shape else 0
-    if r < 2 or r % 2:
-        raise ValueError(f"the tables' last dim R must be even and >= 2, got {r}")
-    return r
-
-
 def _table_rope(xs, names, cos, sin, layout, interleaved, inverse, outs, inplace, stream):
     src = _SOURCES.get((layout, bool(interleaved)))
     if src is None:
@@ -133,9 +89,9 @@ def _table_rope(xs, names, cos, sin, layout, interleaved, inverse, outs, inplace
             return res
     cinfo, sinfo = describe(cos, "cos"), describe(sin, "sin")
     validate.check_float(cinfo, "cos")
-    r = _rotary_dim(cinfo)
+    r = validate.table_rotary_dim(cinfo)
     infos, out_infos, (b, s, d) = validate.validate_call(xs, names, layout, r, outs, inplace)
-    tstrides = _check_tables(cinfo, sinfo, infos[0], b, s, layout)
+    tstrides = validate.check_tables(cinfo, sinfo, infos[0], b, s, layout)
     for o in out_infos or ():
         for t, name in ((cinfo, "cos"), (sinfo, "sin")):
             if overlaps(o, t):

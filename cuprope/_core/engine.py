@@ -47,23 +47,10 @@ def rope_call(xs, names, config, inverse, positions, offset, seq_offsets, outs, 
 
 
 def _index_infos(config, device, b, s, positions, seq_offsets):
-    """(positions, seq_offsets) infos, checked: positions ``[S]``, ``[B, S]``
-    or ``[T]``, with a leading stream axis under a stream map; seq_offsets
-    ``[B]``, contiguous."""
-    n_str = config.n_streams
-    if config.layout == "thd":
-        pshapes = [(s,)] if n_str == 1 else [(n_str, s)]
-    else:
-        pshapes = [(s,), (b, s)] if n_str == 1 else [(n_str, s), (n_str, b, s)]
-    pos_info = seq_info = None
-    if positions is not None:
-        pos_info = describe(positions, "positions")
-        validate.check_index(pos_info, "positions", device, pshapes)
-    if seq_offsets is not None:
-        seq_info = describe(seq_offsets, "seq_offsets")
-        validate.check_index(seq_info, "seq_offsets", device, [(b,)])
-        if seq_info.strides[0] != 1 and b > 1:
-            raise ValueError("seq_offsets must be contiguous")
+    """(positions, seq_offsets) infos, checked (validate.check_indices)."""
+    pos_info = None if positions is None else describe(positions, "positions")
+    seq_info = None if seq_offsets is None else describe(seq_offsets, "seq_offsets")
+    validate.check_indices(config, device, b, s, pos_info, seq_info)
     return pos_info, seq_info
 
 

@@ -133,6 +133,22 @@ def check_index(info, name, device, shapes):
                          + f", got {list(info.shape)}")
 
 
+def check_indices(config, device, b, s, pos_info, seq_info):
+    """positions ``[S]``, ``[B, S]`` or ``[T]`` (with a leading stream axis
+    under a stream map) and seq_offsets ``[B]``, contiguous; either may be None."""
+    n_str = config.n_streams
+    if config.layout == "thd":
+        pshapes = [(s,)] if n_str == 1 else [(n_str, s)]
+    else:
+        pshapes = [(s,), (b, s)] if n_str == 1 else [(n_str, s), (n_str, b, s)]
+    if pos_info is not None:
+        check_index(pos_info, "positions", device, pshapes)
+    if seq_info is not None:
+        check_index(seq_info, "seq_offsets", device, [(b,)])
+        if seq_info.strides[0] != 1 and b > 1:
+            raise ValueError("seq_offsets must be contiguous")
+
+
 def check_tokens(n, what="B*S"):
     if n > MAX_TOKENS:
         raise ValueError(f"at most {MAX_TOKENS} tokens ({what}) per call, got {n}")
@@ -179,3 +195,63 @@ def output_infos(infos, names, outs, inplace, any_input=False):
         return None
     check_overlaps(out_infos, infos, any_input)
     return out_infos
+
+
+def _table_strides(info, name, layout, b, s):
+    """(batch stride, sequence stride) of a cos/sin table, after checking it."""
+    shape, st = tuple(info.shape), info.strides
+    r = shape[-1] if shape else 0
+    if layout == "thd":
+        if shape != (s, r):
+            raise ValueError(f"{name} must be [T, R] = [{s}, R] for layout 'thd', got {list(shape)}")
+        return 0, st[0]
+    if len(shape) == 2 and shape[0] == s:
+        return 0, st[0]
+    if len(shape) == 3 and shape[1] == s and shape[0] in (1, b):
+        return (st[0] if shape[0] > 1 else 0), st[1]
+    raise ValueError(f"{name} must be [B, S, R], [1, S, R] or [S, R] with B = {b}, S = {s}, "
+                     f"got {list(shape)}")
+
+
+def check_tables(cinfo, sinfo, x0, b, s, layout):
+    """The cos/sin tables of ``cuprope.tables``: x's dtype and device, a
+    contiguous last dim, one shape and strides, ``[B, S, R]``, ``[1, S, R]``,
+    ``[S, R]`` or ``[T, R]``. Returns their (batch, sequence) strides."""
+    for info, name in ((cinfo, "cos"), (sinfo, "sin")):
+        if info.dtype != x0.dtype:
+            raise TypeError(f"{name} must have the tensors' dtype {x0.dtype} (HF casts its "
+                            f"tables to the activations' dtype), got {info.dtype}")
+        if info.device != x0.device:
+            where = "host" if info.device < 0 else f"cuda:{info.device}"
+            raise ValueError(f"{name} is on {where} but the tensors are not")
+        if info.shape:
+            check_last_dim(info, name, "the last dim")
+    if tuple(cinfo.shape) != tuple(sinfo.shape):
+        raise ValueError(f"cos and sin must have the same shape, got {list(cinfo.shape)} "
+                         f"and {list(sinfo.shape)}")
+    tc = _table_strides(cinfo, "cos", layout, b, s)
+    ts = _table_strides(sinfo, "sin", layout, b, s)
+    if tc != ts:
+        raise ValueError(f"cos and sin must have the same strides, got {cinfo.strides} "
+                         f"and {sinfo.strides}")
+    return tc
+
+
+def table_rotary_dim(cinfo):
+    """R, the tables' last dim: even and >= 2."""
+    r = cinfo.shape[-1] if cinfo.shape else 0
+    if r < 2 or r % 2:
+        raise ValueError(f"the tables' last dim R must be even and >= 2, got {r}")
+    return r
+
+
+def check_rotate_1d(info, name):
+    """An LRPE tensor: ``[B, N, H, D]`` or ``[B, N, D]``, D even, a contiguous last dim."""
+    check_float(info, name)
+    if len(info.shape) not in (3, 4):
+        raise ValueError(f"{name} must be [B, N, H, D] or [B, N, D], got shape {tuple(info.shape)}")
+    d = info.shape[-1]
+    if d < 2 or d % 2:
+        raise ValueError(f"{name}: the head dim D must be even and >= 2 (pairs (i, i + D/2)), "
+                         f"got D = {d}")
+    check_last_dim(info, name)
