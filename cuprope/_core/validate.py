@@ -158,6 +158,13 @@ def validate_call(xs, names, layout, rotary_dim, outs, inplace, head_rows=None):
     """Describe and check the rotated tensors (one, or q and k) and their
     outputs. Returns (infos, out_infos or None, (B, S, D))."""
     infos = [describe(x, n) for x, n in zip(xs, names)]
+    bsd = check_rotated(infos, names, layout, rotary_dim, head_rows)
+    return infos, output_infos(infos, names, outs, inplace), bsd
+
+
+def check_rotated(infos, names, layout, rotary_dim, head_rows=None):
+    """The rotated tensors (one, or q and k sharing B, S, D, dtype, framework
+    and device). Returns (B, S, D)."""
     for info, n in zip(infos, names):
         check_tensor(info, n, layout, rotary_dim, head_rows)
     b, s, _ = canon_sizes(infos[0].shape, layout)
@@ -173,7 +180,7 @@ def validate_call(xs, names, layout, rotary_dim, outs, inplace, head_rows=None):
             raise ValueError(f"{names[0]} and {names[1]} must have the same head dim, "
                              f"got {d} and {k.shape[-1]}")
     check_tokens(b * s)
-    return infos, output_infos(infos, names, outs, inplace), (b, s, d)
+    return b, s, d
 
 
 def output_infos(infos, names, outs, inplace, any_input=False):
