@@ -16,9 +16,8 @@ def _check(result):
     return result[1:] if len(result) > 2 else (result[1] if len(result) == 2 else None)
 
 
-def _compile(arch: str, names, include_first=None, defines=()):
-    """Compile the kernel family (include_first: a folder searched for the
-    headers before the package's own; defines: extra -D options)."""
+def _compile(arch: str, names):
+    """Compile the kernel family with the package's options."""
     src = _loader.kernel_sources()[_loader.ENTRY].encode()
     prog = _check(nvrtc.nvrtcCreateProgram(src, _loader.ENTRY.encode(), 0, [], []))
     for n in names:
@@ -26,9 +25,7 @@ def _compile(arch: str, names, include_first=None, defines=()):
     cudart = pathfinder.find_nvidia_header_directory("cudart")
     if cudart is None:
         pytest.skip("CUDA runtime headers (nvidia-cuda-runtime wheel) not found")
-    first = [f"-I{include_first}"] if include_first else []
-    extra = [f"-D{d}" for d in defines]
-    opts = [o.encode() for o in first + list(_loader.compile_options()) + extra] + [
+    opts = [o.encode() for o in _loader.compile_options()] + [
         f"-I{cudart}".encode(), b"--std=c++17", b"-ftz=true", f"--gpu-architecture={arch}".encode()]
     rc = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)[0]
     size = _check(nvrtc.nvrtcGetProgramLogSize(prog))
@@ -158,40 +155,3 @@ def test_steps_cap_grows_with_the_prologue():
     assert launch.steps_cap(_loader.SRC_SHARED, 128, 0) == 2 * base
     assert launch.steps_cap(_loader.SRC_SHARED, 64, 0xdead) == 2 * base
     assert launch.steps_cap(_loader.SRC_TABLE, 128, 0) == launch.MAX_STEPS[_loader.SRC_TABLE]
-
-
-def _apply_unified_diff(text: str, diff: str) -> str:
-    """Apply a unified diff's hunks to one file's text (each hunk's old lines
-    must occur in it)."""
-    hunks, cur = [], None
-    for line in diff.splitlines(keepends=True):
-        if line.startswith("@@"):
-            cur = ([], [])
-            hunks.append(cur)
-        elif cur is not None and line[:1] in (" ", "-", "+"):
-            if line[:1] in (" ", "-"):
-                cur[0].append(line[1:])
-            if line[:1] in (" ", "+"):
-                cur[1].append(line[1:])
-    assert hunks, "no hunks in the diff"
-    for old, new in hunks:
-        old, new = "".join(old), "".join(new)
-        assert old in text, "a hunk of the patch no longer matches kernels/rope.cuh:\n" + old
-        text = text.replace(old, new, 1)
-    return text
-
-
-def test_phase_probe_patch_applies_and_compiles(tmp_path):
-    """benchmarks/phase_probe.patch (clock marks for benchmarks/phase_probe.py,
-    applied on the device only) still applies to the kernel and compiles."""
-    import pathlib
-    root = pathlib.Path(__file__).resolve().parent.parent
-    diff = (root / "benchmarks" / "phase_probe.patch").read_text()
-    header = _loader.kernel_sources()["rope.cuh"]
-    patched = _apply_unified_diff(header, diff)
-    assert patched.count("CUPROPE_PHASES") >= 6
-    (tmp_path / "rope.cuh").write_text(patched)
-    name = _loader.kernel_name("bfloat16", False, 8)
-    lowered, _, log = _compile("sm_90", [name], include_first=tmp_path,
-                               defines=["CUPROPE_PHASES=0x1000ull"])
-    assert lowered[name]
