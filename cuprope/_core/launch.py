@@ -36,8 +36,6 @@ def sm_count(device: int) -> int:
 # Warps per block by element size (measured, benchmarks/NOTES.md).
 WARPS_PER_BLOCK = {2: int(tuning_defines().get("CUPROPE_WARPS16", 4)),
                    4: int(tuning_defines().get("CUPROPE_WARPS32", 8))}
-# Tuning hook: the widest vector width (pairs per lane) to use; 0 = no cap.
-MAX_VEC = int(tuning_defines().get("CUPROPE_MAX_VEC", 0))
 # The most warp steps (32 // min(chunks, 32) heads each) one warp takes per
 # token, by angle source; 0 = no cap. Measured on an H200 (benchmarks/NOTES.md
 # 16, 18): short warps fill the GPU evenly to the end of the launch, but each
@@ -133,7 +131,7 @@ def pick_vec(dtype, plans, npairs, tail, n_batch, n_seq, widths=None) -> int:
             if n > 1:
                 acc |= a | b
     for vec in (vec_widths(dtype) if widths is None else widths):
-        if acc % vec == 0 and (not MAX_VEC or vec <= MAX_VEC):
+        if acc % vec == 0:
             return vec
     return 1
 
