@@ -35,6 +35,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "constants.cuh"
+
 namespace cuprope {
 
 // Kernel arguments, passed by value as one struct. Every field is 8 bytes so
@@ -289,52 +291,6 @@ __device__ __forceinline__ float2 pair_cos_sin(const RopeArgs& a, unsigned b, un
 
 constexpr int kThreads = 256;  // most threads per block (whole warps)
 
-// Rows (heads) each lane keeps in flight per step when it loads into
-// registers (no ring: narrower packs, the per-head source in head mode, LRPE
-// with shared angles). Measured on an H200 (benchmarks/NOTES.md 3): one row
-// for 16-bit types (fewer registers, more warps resident), two for float32.
-#ifndef CUPROPE_ROWS16
-#define CUPROPE_ROWS16 1
-#endif
-#ifndef CUPROPE_ROWS32
-#define CUPROPE_ROWS32 2
-#endif
-
-// Token runs (kSrcPerHead, implicit positions): a lane's cos/sin are exact at
-// every kRun-th of its rows and advanced between by composing with one exact
-// rotation, so kRun - 1 compositions add at most ~(kRun - 1) * 1.2e-7 at any
-// position: 1.8e-6 for 16 in the 16-bit types (under 1 % of half an ulp of
-// fp16), 3.6e-7 for float32's 4 (its test slack is 1e-6 of max|x|). The host
-// picks token tiles from the same values (cuprope/_launch.py RUNS).
-#ifndef CUPROPE_RUN16
-#define CUPROPE_RUN16 16
-#endif
-#ifndef CUPROPE_RUN32
-#define CUPROPE_RUN32 4
-#endif
-// Depth of the token runs' load ring (16-byte packs), by element size: 4
-// measured 1-3% faster than 3 for the 16-bit types, and 3 than 4 for the
-// float32 backward (NOTES.md 22). The host sizes shared memory from the same
-// values (cuprope/_launch.py RUN_STAGES).
-#ifndef CUPROPE_RUN_STAGES16
-#define CUPROPE_RUN_STAGES16 4
-#endif
-#ifndef CUPROPE_RUN_STAGES32
-#define CUPROPE_RUN_STAGES32 3
-#endif
-
-// Depth of the shared-memory ring the plain shared-angle and cos/sin-table
-// kernels load through when a pack is 16 bytes (0: load into registers, kRows
-// rows per step): a lane keeps this many heads minus one of its chunk in
-// flight (NOTES.md 13).
-// The host sizes shared memory from the same values (cuprope/_launch.py).
-#ifndef CUPROPE_STAGES16
-#define CUPROPE_STAGES16 3
-#endif
-#ifndef CUPROPE_STAGES32
-#define CUPROPE_STAGES32 3
-#endif
-
 // Where pair v of a lane's chunk sits in its two packs: element i1 of pack k1
 // and element i2 of pack k2. Half split: (p0[v], p1[v]). Interleaved: pack 0
 // holds pairs [0, VEC/2) and pack 1 the rest, each as two adjacent elements;
@@ -393,10 +349,6 @@ __device__ __forceinline__ void rotate_chunk(Pack<T, VEC>& p0, Pack<T, VEC>& p1,
   }
 }
 
-// Angle sources (rope_kernel's SRC).
-constexpr int kSrcShared = 0;   // inv_freq [R/2]: cos/sin once per (token, pair)
-constexpr int kSrcPerHead = 1;  // inv_freq [H, R/2]: cos/sin per (token, head, pair)
-constexpr int kSrcTable = 2;    // cos, sin read from [B, S, R] tables in T (HF's tensors)
 
 // fp32 multiply, add and subtract rounded to nearest with subnormals kept:
 // inline PTX, because CuPy compiles with -ftz=true while PyTorch's kernels
@@ -453,37 +405,7 @@ __device__ __forceinline__ void rotate_table(Pack<T, VEC>& p0, Pack<T, VEC>& p1,
   }
 }
 
-// Blocks of kThreads that must fit an SM at once, for the plain shared-angle
-// kernels (the hot path): 4 caps them at 64 registers, with no spills, so
-// 32 warps stay resident. The other instantiations would spill under it.
-#ifndef CUPROPE_MIN_BLOCKS
-#define CUPROPE_MIN_BLOCKS 4
-#endif
-// The same bound for the per-head kernels (plain and elementwise LRPE
-// forward) by element size, and for the fused elementwise LRPE backward
-// (which also loads x; the softmax kernels stay uncapped): measured on an
-// H200 with token runs (benchmarks/NOTES.md 22). float32 at 3 (80 registers,
-// no spills) runs ~5% faster than uncapped; the 16-bit forward runs best
-// uncapped (~100 registers; caps that spill lose); the backward kernels gain
-// 3-6% at 2.
-#ifndef CUPROPE_MIN_BLOCKS_PH16
-#define CUPROPE_MIN_BLOCKS_PH16 1
-#endif
-#ifndef CUPROPE_MIN_BLOCKS_PH32
-#define CUPROPE_MIN_BLOCKS_PH32 3
-#endif
-#ifndef CUPROPE_MIN_BLOCKS_PH_BWD
-#define CUPROPE_MIN_BLOCKS_PH_BWD 2
-#endif
-
 // ---------------------------------------------------------------- LRPE dialect
-// Activation before the rotation, selected at compile time.
-constexpr int kActNone = 0;
-constexpr int kActRelu = 1;
-constexpr int kActSigmoid = 2;
-constexpr int kActSilu = 3;
-constexpr int kActSoftmax = 4;     // over the head dim: a row reduction within the warp
-constexpr int kActSoftmaxSeq = 5;  // over the sequence: statistics from lrpe_seq_stats_kernel
 
 // The sigmoid-based activations take e^-x from the SFU (__expf: ex2.approx of
 // x * log2(e), within 2 + 1.2|x| ulp) and divide with __fdividef (a reciprocal
@@ -817,6 +739,10 @@ __device__ __forceinline__ void softmax_head_rows(const RopeArgs& a, const float
 // ACT, BWD (LRPE, half split, one tensor, R = D): the activation is applied to
 // x before the rotation (BWD: dx = act'(x) * R^T dO with x read from aux_ptr).
 // The head-dim softmax takes its own warp-synchronous path (softmax_head_rows).
+//
+// Blocks that must fit an SM at once (CUPROPE_MIN_BLOCKS*, a register cap):
+// the plain shared-angle kernels, and the per-head plain and elementwise LRPE
+// kernels by element size and direction; the others are uncapped.
 template <typename T, bool INTERLEAVED, int VEC, int SRC, int ACT = kActNone, bool BWD = false>
 __global__ void __launch_bounds__(kThreads, (SRC == kSrcShared && ACT == kActNone) ? CUPROPE_MIN_BLOCKS
                                             : SRC != kSrcPerHead || ACT > kActSilu ? 1
@@ -881,6 +807,9 @@ __global__ void __launch_bounds__(kThreads, (SRC == kSrcShared && ACT == kActNon
     softmax_head_rows<T, VEC, PER_HEAD, BWD>(a, my_cs, b, s, h0, h1, npairs, chunks, cpr, rpw, lane);
     return;
   }
+  // rows (heads) a lane keeps in flight per step when it loads into registers
+  // (no ring: narrower packs, the per-head source in head mode, LRPE with
+  // shared angles)
   constexpr int kRows = sizeof(T) == 4 ? CUPROPE_ROWS32 : CUPROPE_ROWS16;
   constexpr int kStages = (SRC != kSrcPerHead && ACT == kActNone && sizeof(T) * VEC == 16)
                               ? (sizeof(T) == 4 ? CUPROPE_STAGES32 : CUPROPE_STAGES16)
@@ -1209,7 +1138,6 @@ __global__ void __launch_bounds__(kThreads, (SRC == kSrcShared && ACT == kActNon
 // an online max/sum over its slice (sums in float64), and the slices merge
 // through shared memory. x is tensor 0 in the forward, aux in the backward
 // (tensor 0 is then dO).
-constexpr int kSeqSlices = 8;
 
 template <bool BWD>
 __device__ __forceinline__ void seq_acc_add(float& m, double& l, double& q, float x, float g) {

@@ -9,9 +9,9 @@ import struct
 
 import numpy as np
 
-from .loader import (ITEMSIZE, MODULES, SRC_PER_HEAD, SRC_SHARED, SRC_TABLE, family_of,
-                      kernel_name, lrpe_vec_widths, seq_stats_kernel_name, tuning_defines,
-                      vec_widths)
+from .loader import (ITEMSIZE, LRPE_ACTS, MODULES, SEQ_SLICES, SRC_PER_HEAD, SRC_SHARED,
+                     SRC_TABLE, family_of, kernel_name, lrpe_vec_widths, seq_stats_kernel_name,
+                     tuning, vec_widths)
 
 SMEM_LIMIT = 48 * 1024  # per block, the most a launch gets without opting in
 
@@ -33,37 +33,32 @@ def sm_count(device: int) -> int:
     return n
 
 
-# Warps per block by element size (measured, benchmarks/NOTES.md).
-WARPS_PER_BLOCK = {2: int(tuning_defines().get("CUPROPE_WARPS16", 4)),
-                   4: int(tuning_defines().get("CUPROPE_WARPS32", 8))}
+# The tuning values come from loader.TUNING, the same ones the kernels compile
+# with (loader.py has the defaults and what they measured). By element size:
+# warps per block;
+WARPS_PER_BLOCK = {2: tuning("CUPROPE_WARPS16"), 4: tuning("CUPROPE_WARPS32")}
+# the depth of the shared-memory load ring of the plain shared-angle and
+# cos/sin-table kernels with 16-byte packs;
+STAGES = {2: tuning("CUPROPE_STAGES16"), 4: tuning("CUPROPE_STAGES32")}
+SLOT_BYTES = 32 * 16  # one 16-byte pack per lane of a warp
+# token runs (the per-head source with implicit positions): rows a lane
+# advances between exact cos/sin (0 turns token runs off), and the depth of
+# their load ring.
+RUNS = {2: tuning("CUPROPE_RUN16"), 4: tuning("CUPROPE_RUN32")}
+RUN_STAGES = {2: tuning("CUPROPE_RUN_STAGES16"), 4: tuning("CUPROPE_RUN_STAGES32")}
+TOKEN_RUNS = tuning("CUPROPE_TOKEN_RUNS")
+TOKEN_TILE = tuning("CUPROPE_TOKEN_TILE")  # a fixed tile (0: chosen per shape)
 # The most warp steps (32 // min(chunks, 32) heads each) one warp takes per
 # token, by angle source; 0 = no cap. Measured on an H200 (benchmarks/NOTES.md
 # 16, 18): short warps fill the GPU evenly to the end of the launch, but each
 # warp pays the cos/sin (or table) prologue, so 1 step loses and 3 wins for the
 # computed angles; the table source re-reads its tables per warp and wants 5.
 # The shared source's prologue grows with R and with a stream map (MRoPE), and
-# its cap with it (steps_cap). CUPROPE_MAX_STEPS (a tuning hook) overrides the
-# base caps.
-MAX_STEPS = {SRC_SHARED: 3, SRC_PER_HEAD: 3, SRC_TABLE: 5}
-if "CUPROPE_MAX_STEPS" in tuning_defines():
-    MAX_STEPS = dict.fromkeys(MAX_STEPS, int(tuning_defines()["CUPROPE_MAX_STEPS"]))
-# Depth of the shared-memory load ring of the plain shared-angle and
-# cos/sin-table kernels with 16-byte packs, by element size: kernels/rope.cuh CUPROPE_STAGES16/32 (the
-# same defaults; a test checks they agree).
-STAGES = {2: int(tuning_defines().get("CUPROPE_STAGES16", 3)),
-          4: int(tuning_defines().get("CUPROPE_STAGES32", 3))}
-SLOT_BYTES = 32 * 16  # one 16-byte pack per lane of a warp
-# Token runs (the per-head source with implicit positions): rows a lane
-# advances between exact cos/sin, by element size (kernels/rope.cuh
-# CUPROPE_RUN16/32; a test checks they agree); 0 turns token runs off.
-RUNS = {2: int(tuning_defines().get("CUPROPE_RUN16", 16)),
-        4: int(tuning_defines().get("CUPROPE_RUN32", 4))}
-TOKEN_RUNS = int(tuning_defines().get("CUPROPE_TOKEN_RUNS", 1))
-TOKEN_TILE = int(tuning_defines().get("CUPROPE_TOKEN_TILE", 0))  # tuning hook: a fixed tile
-# Depth of the token runs' load ring by element size (kernels/rope.cuh
-# CUPROPE_RUN_STAGES16/32, the same defaults).
-RUN_STAGES = {2: int(tuning_defines().get("CUPROPE_RUN_STAGES16", 4)),
-              4: int(tuning_defines().get("CUPROPE_RUN_STAGES32", 3))}
+# its cap with it (steps_cap).
+MAX_STEPS = {SRC_SHARED: tuning("CUPROPE_MAX_STEPS"), SRC_PER_HEAD: tuning("CUPROPE_MAX_STEPS"),
+             SRC_TABLE: tuning("CUPROPE_MAX_STEPS_TABLE")}
+SOFTMAX_HEAD = LRPE_ACTS["softmax"]
+SOFTMAX_SEQ = LRPE_ACTS["softmax_seq"]
 
 
 def steps_cap(src, npairs, stream_map) -> int:
@@ -346,10 +341,6 @@ def make_plan(*, device, dtype, interleaved, plans, n_batch, n_seq, head_dim, ro
                               vec, vec * ITEMSIZE[dtype], fields)
     return plan
 
-
-SOFTMAX_HEAD = 4  # kernels/rope.cuh kActSoftmax
-SOFTMAX_SEQ = 5  # kernels/rope.cuh kActSoftmaxSeq
-SEQ_SLICES = 8   # kernels/rope.cuh kSeqSlices
 
 
 class _Stream:
