@@ -68,7 +68,7 @@ def test_cache_key_covers_every_kernel_file(monkeypatch):
     editing a header changes the key, and every kernel constant, so changing
     one does."""
     sources = _loader.kernel_sources()
-    assert {"rope.cu", "rope.cuh", "constants.cuh"} <= set(sources)
+    assert {"rope.cu", "rope.cuh", "constants.cuh", "args.cuh"} <= set(sources)
     before = _loader.compile_options()
     assert any(o.startswith("-DCUPROPE_SOURCE_HASH=") for o in before)
     for name in sources:
