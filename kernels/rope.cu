@@ -1,3 +1,4 @@
-// Translation unit compiled by cuprope/_loader.py (CuPy RawModule with
-// name_expressions, one per instantiation of cuprope::rope_kernel).
+// Translation unit compiled by cuprope/_core/loader.py (CuPy RawModule with
+// name_expressions, one per instantiation of cuprope::rope_kernel and
+// cuprope::lrpe_seq_stats_kernel).
 #include "rope.cuh"

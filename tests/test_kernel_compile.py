@@ -16,9 +16,8 @@ def _check(result):
     return result[1:] if len(result) > 2 else (result[1] if len(result) == 2 else None)
 
 
-def _compile(arch: str, names, include_first=None, defines=()):
-    """Compile the kernel family (include_first: a folder searched for the
-    headers before the package's own; defines: extra -D options)."""
+def _build(arch: str, names, options):
+    """(NVRTC result, log, program) of the kernel family compiled with ``options``."""
     src = _loader.kernel_sources()[_loader.ENTRY].encode()
     prog = _check(nvrtc.nvrtcCreateProgram(src, _loader.ENTRY.encode(), 0, [], []))
     for n in names:
@@ -26,22 +25,26 @@ def _compile(arch: str, names, include_first=None, defines=()):
     cudart = pathfinder.find_nvidia_header_directory("cudart")
     if cudart is None:
         pytest.skip("CUDA runtime headers (nvidia-cuda-runtime wheel) not found")
-    first = [f"-I{include_first}"] if include_first else []
-    extra = [f"-D{d}" for d in defines]
-    opts = [o.encode() for o in first + list(_loader.compile_options()) + extra] + [
+    opts = [o.encode() for o in options] + [
         f"-I{cudart}".encode(), b"--std=c++17", b"-ftz=true", f"--gpu-architecture={arch}".encode()]
     rc = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)[0]
     size = _check(nvrtc.nvrtcGetProgramLogSize(prog))
     log = b" " * size
     _check(nvrtc.nvrtcGetProgramLog(prog, log))
-    assert rc == nvrtc.nvrtcResult.NVRTC_SUCCESS, log.decode(errors="replace")
+    return rc, log.decode(errors="replace"), prog
+
+
+def _compile(arch: str, names):
+    """Compile the kernel family with the package's options."""
+    rc, log, prog = _build(arch, names, _loader.compile_options())
+    assert rc == nvrtc.nvrtcResult.NVRTC_SUCCESS, log
     lowered = {n: _check(nvrtc.nvrtcGetLoweredName(prog, n.encode())) for n in names}
     if arch.startswith("sm_"):
         nbytes = _check(nvrtc.nvrtcGetCUBINSize(prog))
     else:
         nbytes = _check(nvrtc.nvrtcGetPTXSize(prog))
     nvrtc.nvrtcDestroyProgram(prog)
-    return lowered, nbytes, log.decode(errors="replace")
+    return lowered, nbytes, log
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90", "compute_80"])
@@ -60,15 +63,21 @@ def test_every_instantiation_compiles(arch):
 
 
 def test_cache_key_covers_every_kernel_file(monkeypatch):
-    """CuPy's disk cache ignores #included files: the options carry a hash of
-    every file in kernels/, so editing a header changes the key."""
+    """CuPy's disk cache keys on the source and the options but ignores
+    #included files: the options carry a hash of every file in kernels/, so
+    editing a header changes the key, and every kernel constant, so changing
+    one does."""
     sources = _loader.kernel_sources()
-    assert {"rope.cu", "rope.cuh"} <= set(sources)
+    assert {"rope.cu", "rope.cuh", "constants.cuh", "args.cuh"} <= set(sources)
     before = _loader.compile_options()
     assert any(o.startswith("-DCUPROPE_SOURCE_HASH=") for o in before)
-    edited = dict(sources)
-    edited["rope.cuh"] = edited["rope.cuh"] + "\n// edit\n"
-    monkeypatch.setattr(_loader, "kernel_sources", lambda: edited)
+    for name in sources:
+        edited = dict(sources)
+        edited[name] = edited[name] + "\n// edit\n"
+        monkeypatch.setattr(_loader, "kernel_sources", lambda e=edited: e)
+        assert _loader.compile_options() != before, name
+    monkeypatch.setattr(_loader, "kernel_sources", lambda: sources)
+    monkeypatch.setitem(_loader.TUNING, "CUPROPE_ROWS16", "2")
     assert _loader.compile_options() != before
 
 
@@ -76,20 +85,69 @@ def test_no_fast_math_option():
     assert not any("fast" in o for o in _loader.compile_options())
 
 
-@pytest.mark.skipif(bool(os.environ.get("CUPROPE_KERNEL_DEFINES")),
-                    reason="a tuning run overrides the defaults")
-def test_ring_depth_defaults_agree_with_the_host():
-    """The host sizes each block's shared memory from the ring depth the kernel
-    compiles with (kernels/rope.cuh CUPROPE_STAGES16/32): same defaults, and
-    the same rule for which instantiations load through the ring."""
-    import re
+def _defines():
+    """The -D options of compile_options() as {name: value}."""
+    return dict(o[2:].partition("=")[::2] for o in _loader.compile_options() if o.startswith("-D"))
 
+
+def test_host_and_kernels_read_one_set_of_constants():
+    """loader.py owns every constant the kernels share with the host: the
+    kernels get them as -D options (no header defines a default), and the
+    host's values are the very same ones."""
     from cuprope._core import launch
-    src = _loader.kernel_sources()["rope.cuh"]
-    for size, macro in ((2, "CUPROPE_STAGES16"), (4, "CUPROPE_STAGES32")):
-        default = int(re.search(rf"#define {macro} (\d+)", src).group(1))
-        assert launch.STAGES[size] == default
-        assert launch.ring_stages(size, 16 // size, _loader.SRC_SHARED) == default
+    d = _defines()
+    for size, bits in ((2, 16), (4, 32)):
+        assert d[f"CUPROPE_STAGES{bits}"] == str(launch.STAGES[size])
+        assert d[f"CUPROPE_RUN{bits}"] == str(launch.RUNS[size])
+        assert d[f"CUPROPE_RUN_STAGES{bits}"] == str(launch.RUN_STAGES[size])
+        assert d[f"CUPROPE_WARPS{bits}"] == str(launch.WARPS_PER_BLOCK[size])
+    assert d["CUPROPE_MAX_STEPS"] == str(launch.MAX_STEPS[_loader.SRC_SHARED])
+    assert d["CUPROPE_MAX_STEPS_TABLE"] == str(launch.MAX_STEPS[_loader.SRC_TABLE])
+    assert d["CUPROPE_TOKEN_RUNS"] == str(launch.TOKEN_RUNS)
+    assert d["CUPROPE_TOKEN_TILE"] == str(launch.TOKEN_TILE)
+    assert d["CUPROPE_ACT_SOFTMAX"] == str(launch.SOFTMAX_HEAD)
+    assert d["CUPROPE_ACT_SOFTMAX_SEQ"] == str(launch.SOFTMAX_SEQ)
+    assert d["CUPROPE_SEQ_SLICES"] == str(launch.SEQ_SLICES)
+    assert d["CUPROPE_SRC_TABLE"] == str(_loader.SRC_TABLE)
+    assert set(_loader.TUNING_DEFAULTS) | set(_loader.CODES) <= set(d)
+    for name, text in _loader.kernel_sources().items():
+        assert "#define CUPROPE_" not in text, name
+
+
+def test_tuning_override_reaches_kernels_and_host():
+    """CUPROPE_KERNEL_DEFINES overrides a default for the kernels' options and
+    the host's values alike (a fresh process: both are read at import)."""
+    import subprocess
+    import sys
+    code = ("from cuprope._core import launch, loader; o = loader.compile_options(); "
+            "print('-DCUPROPE_STAGES16=2' in o, '-DCUPROPE_RUN32=8' in o, '-DCUPROPE_X' in o, "
+            "launch.STAGES[2], launch.RUNS[4], launch.STAGES[4] == int(loader.TUNING_DEFAULTS["
+            "'CUPROPE_STAGES32']))")
+    env = dict(os.environ, CUPROPE_KERNEL_DEFINES="CUPROPE_STAGES16=2 CUPROPE_RUN32=8 CUPROPE_X")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         check=True).stdout.split()
+    assert out == ["True", "True", "True", "2", "8", "True"]
+    with pytest.raises(ValueError, match="CUPROPE_SRC_TABLE is a code"):
+        _loader._overrides("CUPROPE_ROWS16=2 CUPROPE_SRC_TABLE=3")
+
+
+def test_a_missing_constant_stops_the_compile():
+    """The headers keep no defaults: without loader.py's -D options the
+    compile stops at constants.cuh's #error."""
+    opts = [o for o in _loader.compile_options() if not o.startswith("-DCUPROPE_STAGES16=")]
+    rc, log, prog = _build("sm_90", [_loader.kernel_name("float32", False, 4)], opts)
+    nvrtc.nvrtcDestroyProgram(prog)
+    assert rc != nvrtc.nvrtcResult.NVRTC_SUCCESS
+    assert "defined by cuprope/_core/loader.py" in log
+
+
+def test_ring_rules_agree_with_the_host():
+    """The host sizes each block's shared memory by the same rule the kernel
+    uses to pick the instantiations that load through a ring."""
+    from cuprope._core import launch
+    src = "".join(_loader.kernel_sources().values())
+    for size in (2, 4):
+        assert launch.ring_stages(size, 16 // size, _loader.SRC_SHARED) == launch.STAGES[size]
     # narrower packs, other angle sources and the LRPE dialect load into registers
     assert launch.ring_stages(2, 4, _loader.SRC_SHARED) == 0
     assert launch.ring_stages(2, 8, _loader.SRC_PER_HEAD) == 0
@@ -100,22 +158,8 @@ def test_ring_depth_defaults_agree_with_the_host():
     assert launch.ring_stages(2, 8, _loader.SRC_SHARED, backward_act=True) == 0
     assert "SRC != kSrcPerHead && ACT == kActNone && sizeof(T) * VEC == 16" in src
     assert "2 * kStages + (TABLE ? 4 : 0)" in src
-
-
-@pytest.mark.skipif(bool(os.environ.get("CUPROPE_KERNEL_DEFINES")),
-                    reason="a tuning run overrides the defaults")
-def test_token_run_defaults_agree_with_the_host():
-    """The host sizes token tiles from the run length the kernel compiles with
-    (kernels/rope.cuh CUPROPE_RUN16/32)."""
-    import re
-
-    from cuprope._core import launch
-    src = _loader.kernel_sources()["rope.cuh"]
-    for size, macro in ((2, "CUPROPE_RUN16"), (4, "CUPROPE_RUN32")):
-        assert launch.RUNS[size] == int(re.search(rf"#define {macro} (\d+)", src).group(1))
-    for size, macro in ((2, "CUPROPE_RUN_STAGES16"), (4, "CUPROPE_RUN_STAGES32")):
-        assert launch.RUN_STAGES[size] == int(re.search(rf"#define {macro} (\d+)", src).group(1))
-    # the ring holds x (two packs a lane per stage; four with x beside dO) and needs 16-byte packs
+    # token runs: the ring holds x (two packs a lane per stage; four with x
+    # beside dO) and needs 16-byte packs
     assert ("sizeof(T) * VEC != 16 ? 0 : sizeof(T) == 4 ? CUPROPE_RUN_STAGES32 : "
             "CUPROPE_RUN_STAGES16") in src
     assert "kPacks = BWD ? 4 : 2" in src
@@ -158,40 +202,3 @@ def test_steps_cap_grows_with_the_prologue():
     assert launch.steps_cap(_loader.SRC_SHARED, 128, 0) == 2 * base
     assert launch.steps_cap(_loader.SRC_SHARED, 64, 0xdead) == 2 * base
     assert launch.steps_cap(_loader.SRC_TABLE, 128, 0) == launch.MAX_STEPS[_loader.SRC_TABLE]
-
-
-def _apply_unified_diff(text: str, diff: str) -> str:
-    """Apply a unified diff's hunks to one file's text (each hunk's old lines
-    must occur in it)."""
-    hunks, cur = [], None
-    for line in diff.splitlines(keepends=True):
-        if line.startswith("@@"):
-            cur = ([], [])
-            hunks.append(cur)
-        elif cur is not None and line[:1] in (" ", "-", "+"):
-            if line[:1] in (" ", "-"):
-                cur[0].append(line[1:])
-            if line[:1] in (" ", "+"):
-                cur[1].append(line[1:])
-    assert hunks, "no hunks in the diff"
-    for old, new in hunks:
-        old, new = "".join(old), "".join(new)
-        assert old in text, "a hunk of the patch no longer matches kernels/rope.cuh:\n" + old
-        text = text.replace(old, new, 1)
-    return text
-
-
-def test_phase_probe_patch_applies_and_compiles(tmp_path):
-    """benchmarks/phase_probe.patch (clock marks for benchmarks/phase_probe.py,
-    applied on the device only) still applies to the kernel and compiles."""
-    import pathlib
-    root = pathlib.Path(__file__).resolve().parent.parent
-    diff = (root / "benchmarks" / "phase_probe.patch").read_text()
-    header = _loader.kernel_sources()["rope.cuh"]
-    patched = _apply_unified_diff(header, diff)
-    assert patched.count("CUPROPE_PHASES") >= 6
-    (tmp_path / "rope.cuh").write_text(patched)
-    name = _loader.kernel_name("bfloat16", False, 8)
-    lowered, _, log = _compile("sm_90", [name], include_first=tmp_path,
-                               defines=["CUPROPE_PHASES=0x1000ull"])
-    assert lowered[name]

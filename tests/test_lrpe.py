@@ -1,15 +1,13 @@
 """LRPE rotate-1d on the CPU: the float64 reference against the seed's formulas,
 its backward against torch autograd and finite differences for every act × dim
 × theta shape, the NumPy backend through the public API, every bad input, the
-kernel-argument layout and the NVRTC compile of every LRPE family."""
-import re
+kernel names and the NVRTC compile of every LRPE family."""
 
 import ml_dtypes
 import numpy as np
 import pytest
 
 from cuprope import lrpe, reference
-from cuprope._core import launch as _launch
 from cuprope._core import loader as _loader
 
 B, N, H, D = 2, 5, 3, 8
@@ -430,32 +428,6 @@ def test_non_arrays_are_rejected():
 
 
 # --------------------------------------------------------------------------- kernels (no GPU needed)
-
-def test_kernel_args_layout_matches_the_struct():
-    """Every RopeArgs field is 8 bytes, in _ARGS's order; the LRPE fields are
-    appended where _launch.py writes them."""
-    src = _loader.kernel_sources()["rope.cuh"]
-    body = re.search(r"struct RopeArgs \{(.*?)\n\};", src, re.S).group(1)
-    fields = []
-    for line in body.splitlines():
-        line = line.split("//")[0].strip()
-        if not line:
-            continue
-        m = re.match(r"(long long|double) (.*);$", line)
-        assert m, line
-        for name in m.group(2).split(","):
-            name = name.strip()
-            k = re.match(r"(\w+)\[(\d+)\]$", name)
-            fields += [(m.group(1), k.group(1))] * int(k.group(2)) if k else [(m.group(1), name)]
-    fmt = "".join("d" if t == "double" else "q" for t, _ in fields)
-    expanded = re.sub(r"(\d+)([qd])", lambda mm: mm.group(2) * int(mm.group(1)),
-                      _launch._ARGS.format.lstrip("<"))
-    assert fmt == expanded
-    names = [n for _, n in fields]
-    assert names.index("aux_ptr") == _launch._AUX and names.index("stats_ptr") == _launch._STATS
-    assert names.index("offset") == _launch._OFFSET and names.index("scale") == _launch._SCALE
-    assert names.index("pos_ptr") == _launch._POS and names.index("seq_off_ptr") == _launch._SEQ
-
 
 def test_plain_kernel_names_are_short_and_lrpe_families_are_separate():
     assert _loader.kernel_name("bfloat16", False, 8, _loader.SRC_PER_HEAD) == \

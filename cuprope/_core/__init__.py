@@ -15,4 +15,7 @@ engine's use of ``cuprope.config.RopeConfig`` and the host backend's of
 * ``checks``: small scalar-argument checks for the dialects
 * ``loader``: the kernel sources, their instantiation names, NVRTC modules
 * ``launch``: the launch-argument struct, vector width, grid and launch
+* ``driver``: launches through the CUDA driver once a plan has run through CuPy
+* ``ptx``: PTX of single instantiations, for launchers that load PTX themselves
+* ``xla``: the CUDA lowering of ``cuprope.jax`` (jaxlib's GPU kernel call)
 """

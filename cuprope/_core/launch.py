@@ -9,16 +9,62 @@ import struct
 
 import numpy as np
 
-from .loader import (ITEMSIZE, MODULES, SRC_PER_HEAD, SRC_SHARED, SRC_TABLE, family_of,
-                      kernel_name, lrpe_vec_widths, seq_stats_kernel_name, tuning_defines,
-                      vec_widths)
+from .driver import DRIVER, Stream
+from .loader import (ITEMSIZE, LRPE_ACTS, MODULES, SEQ_SLICES, SRC_PER_HEAD, SRC_SHARED,
+                     SRC_TABLE, family_of, kernel_name, lrpe_vec_widths, seq_stats_kernel_name,
+                     tuning, vec_widths)
 
 SMEM_LIMIT = 48 * 1024  # per block, the most a launch gets without opting in
 
-# Mirrors struct RopeArgs in kernels/rope.cuh: 34 int64, 2 float64, 2 int64,
-# then the LRPE fields (aux_ptr, aux strides x3, stats_ptr, stats_plane) and tok_tile.
-_ARGS = struct.Struct("<34q2d9q")
+# struct RopeArgs (kernels/args.cuh) field by field, in order: (name, count,
+# kind), kind "q" an int64 and "d" a float64. Every field being 8 bytes, a
+# field's index in the int64 view of the packed struct is its slot below.
+ARGS_FIELDS = (
+    ("in_ptr", 2, "q"), ("out_ptr", 2, "q"),
+    ("in_sb", 2, "q"), ("in_ss", 2, "q"), ("in_sh", 2, "q"),
+    ("out_sb", 2, "q"), ("out_ss", 2, "q"), ("out_sh", 2, "q"),
+    ("heads", 2, "q"), ("n_batch", 1, "q"), ("n_seq", 1, "q"),
+    ("head_dim", 1, "q"), ("rot_dim", 1, "q"), ("copy_rest", 1, "q"),
+    ("pos_ptr", 1, "q"), ("pos_is64", 1, "q"),
+    ("pos_s_stream", 1, "q"), ("pos_sb", 1, "q"), ("pos_ss", 1, "q"),
+    ("seq_off_ptr", 1, "q"), ("seq_off_is64", 1, "q"), ("offset", 1, "q"),
+    ("inv_freq_ptr", 1, "q"), ("freq_sh", 1, "q"), ("stream_map_ptr", 1, "q"),
+    ("scale", 1, "d"), ("sin_sign", 1, "d"),
+    ("head_groups", 1, "q"), ("heads_per_group", 1, "q"),
+    ("aux_ptr", 1, "q"), ("aux_sb", 1, "q"), ("aux_ss", 1, "q"), ("aux_sh", 1, "q"),
+    ("stats_ptr", 1, "q"), ("stats_plane", 1, "q"),
+    ("tok_tile", 1, "q"),
+)
+_ARGS = struct.Struct("<" + "".join(kind * count for _, count, kind in ARGS_FIELDS))
 _ARGS_DTYPE = np.dtype([("raw", np.uint8, (_ARGS.size,))])
+
+
+def _slots(fields) -> dict[str, int]:
+    out, slot = {}, 0
+    for name, count, _ in fields:
+        out[name] = slot
+        slot += count
+    return out
+
+
+ARGS_SLOTS = _slots(ARGS_FIELDS)  # name -> the slot of its first element
+
+
+def pack_args(**values) -> bytes:
+    """RopeArgs packed from its fields by name (a pair for the two-element
+    fields); a field not named is 0."""
+    unknown = set(values) - set(ARGS_SLOTS)
+    if unknown:
+        raise TypeError(f"RopeArgs has no field {sorted(unknown)}")
+    flat = []
+    for name, count, _ in ARGS_FIELDS:
+        v = values.get(name, (0,) * count)
+        v = tuple(v) if isinstance(v, (tuple, list)) else (v,)
+        if len(v) != count:
+            raise ValueError(f"RopeArgs.{name} takes {count} values, got {len(v)}")
+        flat += v
+    return _ARGS.pack(*flat)
+
 
 _SM_COUNT: dict[int, int] = {}
 _FUNCS: dict = {}
@@ -33,39 +79,32 @@ def sm_count(device: int) -> int:
     return n
 
 
-# Warps per block by element size (measured, benchmarks/NOTES.md).
-WARPS_PER_BLOCK = {2: int(tuning_defines().get("CUPROPE_WARPS16", 4)),
-                   4: int(tuning_defines().get("CUPROPE_WARPS32", 8))}
-# Tuning hook: the widest vector width (pairs per lane) to use; 0 = no cap.
-MAX_VEC = int(tuning_defines().get("CUPROPE_MAX_VEC", 0))
+# The tuning values come from loader.TUNING, the same ones the kernels compile
+# with (loader.py has the defaults and what they measured). By element size:
+# warps per block;
+WARPS_PER_BLOCK = {2: tuning("CUPROPE_WARPS16"), 4: tuning("CUPROPE_WARPS32")}
+# the depth of the shared-memory load ring of the plain shared-angle and
+# cos/sin-table kernels with 16-byte packs;
+STAGES = {2: tuning("CUPROPE_STAGES16"), 4: tuning("CUPROPE_STAGES32")}
+SLOT_BYTES = 32 * 16  # one 16-byte pack per lane of a warp
+# token runs (the per-head source with implicit positions): rows a lane
+# advances between exact cos/sin (0 turns token runs off), and the depth of
+# their load ring.
+RUNS = {2: tuning("CUPROPE_RUN16"), 4: tuning("CUPROPE_RUN32")}
+RUN_STAGES = {2: tuning("CUPROPE_RUN_STAGES16"), 4: tuning("CUPROPE_RUN_STAGES32")}
+TOKEN_RUNS = tuning("CUPROPE_TOKEN_RUNS")
+TOKEN_TILE = tuning("CUPROPE_TOKEN_TILE")  # a fixed tile (0: chosen per shape)
 # The most warp steps (32 // min(chunks, 32) heads each) one warp takes per
 # token, by angle source; 0 = no cap. Measured on an H200 (benchmarks/NOTES.md
 # 16, 18): short warps fill the GPU evenly to the end of the launch, but each
 # warp pays the cos/sin (or table) prologue, so 1 step loses and 3 wins for the
 # computed angles; the table source re-reads its tables per warp and wants 5.
 # The shared source's prologue grows with R and with a stream map (MRoPE), and
-# its cap with it (steps_cap). CUPROPE_MAX_STEPS (a tuning hook) overrides the
-# base caps.
-MAX_STEPS = {SRC_SHARED: 3, SRC_PER_HEAD: 3, SRC_TABLE: 5}
-if "CUPROPE_MAX_STEPS" in tuning_defines():
-    MAX_STEPS = dict.fromkeys(MAX_STEPS, int(tuning_defines()["CUPROPE_MAX_STEPS"]))
-# Depth of the shared-memory load ring of the plain shared-angle and
-# cos/sin-table kernels with 16-byte packs, by element size: kernels/rope.cuh CUPROPE_STAGES16/32 (the
-# same defaults; a test checks they agree).
-STAGES = {2: int(tuning_defines().get("CUPROPE_STAGES16", 3)),
-          4: int(tuning_defines().get("CUPROPE_STAGES32", 3))}
-SLOT_BYTES = 32 * 16  # one 16-byte pack per lane of a warp
-# Token runs (the per-head source with implicit positions): rows a lane
-# advances between exact cos/sin, by element size (kernels/rope.cuh
-# CUPROPE_RUN16/32; a test checks they agree); 0 turns token runs off.
-RUNS = {2: int(tuning_defines().get("CUPROPE_RUN16", 16)),
-        4: int(tuning_defines().get("CUPROPE_RUN32", 4))}
-TOKEN_RUNS = int(tuning_defines().get("CUPROPE_TOKEN_RUNS", 1))
-TOKEN_TILE = int(tuning_defines().get("CUPROPE_TOKEN_TILE", 0))  # tuning hook: a fixed tile
-# Depth of the token runs' load ring by element size (kernels/rope.cuh
-# CUPROPE_RUN_STAGES16/32, the same defaults).
-RUN_STAGES = {2: int(tuning_defines().get("CUPROPE_RUN_STAGES16", 4)),
-              4: int(tuning_defines().get("CUPROPE_RUN_STAGES32", 3))}
+# its cap with it (steps_cap).
+MAX_STEPS = {SRC_SHARED: tuning("CUPROPE_MAX_STEPS"), SRC_PER_HEAD: tuning("CUPROPE_MAX_STEPS"),
+             SRC_TABLE: tuning("CUPROPE_MAX_STEPS_TABLE")}
+SOFTMAX_HEAD = LRPE_ACTS["softmax"]
+SOFTMAX_SEQ = LRPE_ACTS["softmax_seq"]
 
 
 def steps_cap(src, npairs, stream_map) -> int:
@@ -133,7 +172,7 @@ def pick_vec(dtype, plans, npairs, tail, n_batch, n_seq, widths=None) -> int:
             if n > 1:
                 acc |= a | b
     for vec in (vec_widths(dtype) if widths is None else widths):
-        if acc % vec == 0 and (not MAX_VEC or vec <= MAX_VEC):
+        if acc % vec == 0:
             return vec
     return 1
 
@@ -205,10 +244,11 @@ def _token_grid(itemsize, per_warp, units):
     return (-(-units // wpb), 1, 1), (32 * wpb, 1, 1), wpb * per_warp
 
 
-# Offsets of the per-call fields in the int64 view of RopeArgs.
-_IN0, _IN1, _OUT0, _OUT1, _POS, _SEQ, _OFFSET = 0, 1, 2, 3, 23, 28, 30
-_SCALE, _SIN_SIGN = 34, 35  # the two float64 fields (checked against the C struct by a test)
-_AUX, _STATS = 38, 42
+# Slots of the per-call fields in the int64 view of RopeArgs.
+_IN0, _OUT0 = ARGS_SLOTS["in_ptr"], ARGS_SLOTS["out_ptr"]
+_IN1, _OUT1 = _IN0 + 1, _OUT0 + 1
+_POS, _SEQ, _OFFSET = ARGS_SLOTS["pos_ptr"], ARGS_SLOTS["seq_off_ptr"], ARGS_SLOTS["offset"]
+_AUX, _STATS = ARGS_SLOTS["aux_ptr"], ARGS_SLOTS["stats_ptr"]
 
 
 class LaunchPlan:
@@ -222,10 +262,10 @@ class LaunchPlan:
     __slots__ = ("device", "func", "grid", "block", "smem", "vec", "align", "buf", "_params",
                  "_keepalive", "pre")
 
-    def __init__(self, device, func, grid, block, smem, vec, align, fields):
+    def __init__(self, device, func, grid, block, smem, vec, align, args):
         self.device, self.func, self.grid, self.block = device, func, grid, block
         self.smem, self.vec, self.align = smem, vec, align
-        raw = bytearray(_ARGS.pack(*fields))
+        raw = bytearray(args)  # each plan owns its buffer
         self.buf = np.frombuffer(raw, dtype=np.int64)
         self._params = None
         self._keepalive = raw
@@ -244,11 +284,11 @@ class LaunchPlan:
 
     def _launch(self, stream_ptr):
         """Through the driver once the plan has launched once through CuPy."""
-        if self._params is None or not _DRIVER.launch(self, stream_ptr):
+        if self._params is None or not DRIVER.launch(self, stream_ptr):
             self._params = None
             self.func(self.grid, self.block, (self.buf.view(_ARGS_DTYPE),),
-                      shared_mem=self.smem, stream=_Stream(stream_ptr))
-            self._params = _DRIVER.params_for(self)
+                      shared_mem=self.smem, stream=Stream(stream_ptr))
+            self._params = DRIVER.params_for(self)
 
     def run_lrpe(self, stream_ptr, in0, out0, aux, stats, offset):
         """LRPE launch (one tensor): the statistics pass first when planned."""
@@ -323,90 +363,22 @@ def make_plan(*, device, dtype, interleaved, plans, n_batch, n_seq, head_dim, ro
             raise ValueError("the cos/sin tables take the position fields")
         psb, pst = table[2], table[3]
     aux_strides = aux.in_strides if aux is not None else (0, 0, 0)
-    fields = (
-        0, 0, 0, 0,
-        p0.in_strides[0], p1.in_strides[0], p0.in_strides[1], p1.in_strides[1],
-        p0.in_strides[2], p1.in_strides[2],
-        p0.out_strides[0], p1.out_strides[0], p0.out_strides[1], p1.out_strides[1],
-        p0.out_strides[2], p1.out_strides[2],
-        heads[0], heads[1],
-        n_batch, n_seq, head_dim, rot_dim, copy_packs,
-        0, pos_is64, pss, psb, pst, 0, int(bool(seq_off)), 0,
-        inv_freq_ptr, freq_sh, stream_map_ptr,
-        scale, sin_sign,
-        groups, per_group,
-        0, aux_strides[0], aux_strides[1], aux_strides[2],
-        0, n_batch * heads[0] * head_dim,
-        tile)
+    # pointers and the offset are written per call (LaunchPlan.run, run_lrpe)
+    args = pack_args(
+        **dict(zip(("in_sb", "in_ss", "in_sh"), zip(p0.in_strides, p1.in_strides))),
+        **dict(zip(("out_sb", "out_ss", "out_sh"), zip(p0.out_strides, p1.out_strides))),
+        heads=heads, n_batch=n_batch, n_seq=n_seq, head_dim=head_dim, rot_dim=rot_dim,
+        copy_rest=copy_packs, pos_is64=pos_is64, pos_s_stream=pss, pos_sb=psb, pos_ss=pst,
+        seq_off_is64=int(bool(seq_off)), inv_freq_ptr=inv_freq_ptr, freq_sh=freq_sh,
+        stream_map_ptr=stream_map_ptr, scale=scale, sin_sign=sin_sign, head_groups=groups,
+        heads_per_group=per_group, aux_sb=aux_strides[0], aux_ss=aux_strides[1],
+        aux_sh=aux_strides[2], stats_plane=n_batch * heads[0] * head_dim, tok_tile=tile)
     func = _function(device, dtype, interleaved, vec, src, act, backward_act)
-    plan = LaunchPlan(device, func, grid, block, smem, vec, vec * ITEMSIZE[dtype], fields)
+    plan = LaunchPlan(device, func, grid, block, smem, vec, vec * ITEMSIZE[dtype], args)
     if act == SOFTMAX_SEQ:
         cols = n_batch * heads[0] * npairs
         stats_fn = MODULES.functions(device, family_of(act, src))[
             seq_stats_kernel_name(dtype, backward_act)]
         plan.pre = LaunchPlan(device, stats_fn, (-(-cols // 32), 1, 1), (32, SEQ_SLICES, 1), 0,
-                              vec, vec * ITEMSIZE[dtype], fields)
+                              vec, vec * ITEMSIZE[dtype], args)
     return plan
-
-
-SOFTMAX_HEAD = 4  # kernels/rope.cuh kActSoftmax
-SOFTMAX_SEQ = 5  # kernels/rope.cuh kActSoftmaxSeq
-SEQ_SLICES = 8   # kernels/rope.cuh kSeqSlices
-
-
-class _Stream:
-    """Minimal stand-in for a CuPy stream: CuPy's launcher reads only ``.ptr``."""
-
-    __slots__ = ("ptr",)
-
-    def __init__(self, ptr):
-        self.ptr = ptr
-
-
-class _Driver:
-    """``cuLaunchKernel`` through ctypes: about a microsecond of host time,
-    against several for CuPy's generic launcher. The first launch of a plan
-    goes through CuPy (which makes the device's context current); later ones
-    come here, and any driver error falls back to CuPy for a clear exception."""
-
-    def __init__(self):
-        self._fn = None
-        self._ok = None
-
-    def _load(self):
-        import ctypes
-        try:
-            lib = ctypes.CDLL("libcuda.so.1")
-            fn = lib.cuLaunchKernel
-        except (OSError, AttributeError):
-            self._ok = False
-            return
-        u = ctypes.c_uint
-        fn.argtypes = [ctypes.c_void_p, u, u, u, u, u, u, u, ctypes.c_void_p, ctypes.c_void_p,
-                       ctypes.c_void_p]
-        fn.restype = ctypes.c_int
-        self._fn = fn
-        self._ok = True
-
-    def params_for(self, plan):
-        if self._ok is None:
-            self._load()
-        if not self._ok:
-            return None
-        import ctypes
-        # kernelParams[i] points at argument i's bytes: here the RopeArgs struct itself.
-        arr = (ctypes.c_void_p * 1)(plan.buf.ctypes.data)
-        func = plan.func
-        ptr = getattr(func, "ptr", None)
-        if ptr is None:  # a cupy RawKernel: its Function for the current device
-            ptr = func.kernel.ptr
-        return (arr, ctypes.addressof(arr), int(ptr))
-
-    def launch(self, plan, stream_ptr) -> bool:
-        _, params, func = plan._params
-        g, b = plan.grid, plan.block
-        return self._fn(func, g[0], g[1], g[2], b[0], b[1], b[2], plan.smem, stream_ptr,
-                        params, None) == 0
-
-
-_DRIVER = _Driver()

@@ -3,7 +3,8 @@
 The ``.cu``/``.cuh`` sources ship inside the package (``cuprope.kernels``).
 CuPy's on-disk cache keys on the source string and options but not on
 ``#include``d files, so a hash of every file in the kernel folder is passed as
-a ``-D`` option: editing any header changes the key.
+a ``-D`` option: editing any header changes the key. The constants the kernels
+share with the host are defined here and passed as ``-D`` options too.
 """
 from __future__ import annotations
 
@@ -32,15 +33,95 @@ def _b(flag: bool) -> str:
     return "true" if flag else "false"
 
 
-# Angle sources (kernels/rope.cuh kSrc*): the rope_kernel template's SRC.
+# ---------------------------------------------------------------- kernel constants
+# Every constant the kernels share with the host is defined here and reaches
+# the kernels as a -D option (compile_options); the headers keep no defaults
+# (kernels/constants.cuh stops the compile when one is missing), and the host
+# (launch.py) reads the same merged values, so the two cannot disagree.
+
+# Angle sources: the rope_kernel template's SRC (kernels kSrc*).
 SRC_SHARED, SRC_PER_HEAD, SRC_TABLE = 0, 1, 2
+# LRPE activation codes: the template's ACT (kernels kAct*); 0 is plain RoPE.
+LRPE_ACTS = {"none": 0, "relu": 1, "sigmoid": 2, "silu": 3, "softmax": 4, "softmax_seq": 5}
+# The LRPE sequence-softmax statistics pass runs blocks of (32, SEQ_SLICES)
+# threads, each row of the block a slice of the sequence (kernels kSeqSlices).
+SEQ_SLICES = 8
+
+CODES = {"CUPROPE_SRC_SHARED": SRC_SHARED, "CUPROPE_SRC_PER_HEAD": SRC_PER_HEAD,
+         "CUPROPE_SRC_TABLE": SRC_TABLE, "CUPROPE_SEQ_SLICES": SEQ_SLICES,
+         **{f"CUPROPE_ACT_{name.upper()}": code for name, code in LRPE_ACTS.items()}}
+
+# Tuning values, measured on an H200 (benchmarks/NOTES.md); any of them can be
+# overridden through CUPROPE_KERNEL_DEFINES (benchmarks/tune.py). By element
+# size: 16 for the 16-bit types, 32 for float32.
+TUNING_DEFAULTS = {
+    # warps per block (host only)
+    "CUPROPE_WARPS16": 4, "CUPROPE_WARPS32": 8,
+    # rows (heads) a lane keeps in flight per step when it loads into registers:
+    # one for 16-bit types (fewer registers, more warps resident), two for
+    # float32 (NOTES 3)
+    "CUPROPE_ROWS16": 1, "CUPROPE_ROWS32": 2,
+    # depth of the shared-memory load ring of the plain shared-angle and
+    # cos/sin-table kernels with 16-byte packs: a lane keeps this many heads
+    # minus one of its chunk in flight (NOTES 13)
+    "CUPROPE_STAGES16": 3, "CUPROPE_STAGES32": 3,
+    # token runs: rows a lane advances between exact cos/sin. kRun - 1
+    # compositions add at most ~(kRun - 1) * 1.2e-7: 1.8e-6 for 16 (under 1 %
+    # of half an ulp of fp16), 3.6e-7 for float32's 4 (its test slack is 1e-6
+    # of max|x|); 0 turns token runs off on the host
+    "CUPROPE_RUN16": 16, "CUPROPE_RUN32": 4,
+    # depth of the token runs' load ring (16-byte packs): 4 measured 1-3 %
+    # faster than 3 for the 16-bit types, and 3 than 4 for the float32
+    # backward (NOTES 22)
+    "CUPROPE_RUN_STAGES16": 4, "CUPROPE_RUN_STAGES32": 3,
+    # blocks of 256 threads that must fit an SM at once (__launch_bounds__).
+    # Plain shared-angle kernels (the hot path): 4 caps them at 64 registers
+    # with no spills, so 32 warps stay resident; the other instantiations
+    # would spill under it. Per-head kernels (plain and elementwise LRPE
+    # forward) with token runs (NOTES 22): float32 at 3 (80 registers, no
+    # spills) runs ~5 % faster than uncapped, the 16-bit forward runs best
+    # uncapped (~100 registers; caps that spill lose); the fused elementwise
+    # LRPE backward (which also loads x) gains 3-6 % at 2. The softmax
+    # kernels stay uncapped.
+    "CUPROPE_MIN_BLOCKS": 4, "CUPROPE_MIN_BLOCKS_PH16": 1, "CUPROPE_MIN_BLOCKS_PH32": 3,
+    "CUPROPE_MIN_BLOCKS_PH_BWD": 2,
+    # the most warp steps per token (host only, launch.MAX_STEPS): the computed
+    # angle sources, and the cos/sin-table source
+    "CUPROPE_MAX_STEPS": 3, "CUPROPE_MAX_STEPS_TABLE": 5,
+    # token runs on (1) or off (0), and a fixed token tile (0: chosen per shape; host only)
+    "CUPROPE_TOKEN_RUNS": 1, "CUPROPE_TOKEN_TILE": 0,
+}
+
+
+def _overrides(text: str) -> dict[str, str]:
+    """``NAME=value`` tokens of CUPROPE_KERNEL_DEFINES (a bare ``NAME``: ``-DNAME``)."""
+    out = {}
+    for tok in text.split():
+        name, _, value = tok.partition("=")
+        if name in CODES:
+            raise ValueError(f"CUPROPE_KERNEL_DEFINES: {name} is a code the host and kernels "
+                             f"share, not a tuning value")
+        out[name] = value
+    return out
+
+
+# The tuning values in effect, read once: the defaults, then
+# CUPROPE_KERNEL_DEFINES (e.g. "CUPROPE_ROWS16=2 CUPROPE_MIN_BLOCKS=3"). The
+# kernels' -D options and the host's values both come from here.
+TUNING = {**{k: str(v) for k, v in TUNING_DEFAULTS.items()},
+          **_overrides(os.environ.get("CUPROPE_KERNEL_DEFINES", ""))}
+
+
+def tuning(name: str) -> int:
+    """One tuning value in effect, as the kernels compile with it."""
+    return int(TUNING[name])
 
 
 def kernel_name(dtype: str, interleaved: bool, vec: int, src: int = SRC_SHARED,
                 act: int = 0, backward: bool = False) -> str:
     """Name expression of one ``rope_kernel`` instantiation. ``src``: the angle
     source (SRC_SHARED, SRC_PER_HEAD, SRC_TABLE); ``act`` / ``backward`` select
-    the LRPE dialect (kernels/rope.cuh ACT, BWD); the plain RoPE names leave
+    the LRPE dialect (the kernel's ACT, BWD); the plain RoPE names leave
     them at their defaults."""
     if src not in (SRC_SHARED, SRC_PER_HEAD, SRC_TABLE):
         raise ValueError(f"unknown angle source {src!r}")
@@ -51,13 +132,8 @@ def kernel_name(dtype: str, interleaved: bool, vec: int, src: int = SRC_SHARED,
 
 
 def seq_stats_kernel_name(dtype: str, backward: bool) -> str:
-    """The LRPE sequence-softmax statistics pass (kernels/rope.cuh)."""
+    """The LRPE sequence-softmax statistics pass."""
     return f"cuprope::lrpe_seq_stats_kernel<{DTYPE_CTYPES[dtype]}, {_b(backward)}>"
-
-
-# LRPE activation codes (kernels/rope.cuh kAct*) and the lazily built family
-# holding each one's kernels.
-LRPE_ACTS = {"relu": 1, "sigmoid": 2, "silu": 3, "softmax": 4, "softmax_seq": 5}
 
 
 def lrpe_vec_widths(dtype: str) -> tuple[int, ...]:
@@ -70,7 +146,7 @@ def lrpe_vec_widths(dtype: str) -> tuple[int, ...]:
 # variants, and plain RoPE never compiles the LRPE dialect (one family per
 # activation).
 _PLAIN_FAMILIES = {SRC_SHARED: "shared", SRC_PER_HEAD: "per_head", SRC_TABLE: "table"}
-FAMILIES = tuple(_PLAIN_FAMILIES.values()) + tuple(f"lrpe_{a}" for a in LRPE_ACTS)
+FAMILIES = tuple(_PLAIN_FAMILIES.values()) + tuple(f"lrpe_{a}" for a, c in LRPE_ACTS.items() if c)
 
 
 def family_of(act: int, src: int) -> str:
@@ -129,19 +205,11 @@ def source_hash() -> str:
     return h.hexdigest()[:16]
 
 
-def tuning_defines() -> dict[str, str]:
-    """``-D`` overrides from the CUPROPE_KERNEL_DEFINES environment variable, a
-    tuning hook (benchmarks/tune.py), e.g. ``"CUPROPE_ROWS16=2 CUPROPE_MIN_BLOCKS=3"``."""
-    out = {}
-    for tok in os.environ.get("CUPROPE_KERNEL_DEFINES", "").split():
-        name, _, value = tok.partition("=")
-        out[name] = value
-    return out
-
-
 def compile_options() -> tuple[str, ...]:
-    """NVRTC options (CuPy adds the arch and its own standard flags)."""
-    extra = tuple(f"-D{k}={v}" if v else f"-D{k}" for k, v in tuning_defines().items())
+    """NVRTC options (CuPy adds the arch and its own standard flags): the
+    include path, the source hash (the cache key) and every kernel constant."""
+    defines = {**CODES, **TUNING}
+    extra = tuple(f"-D{k}={v}" if v != "" else f"-D{k}" for k, v in defines.items())
     return (f"-I{kernel_dir()}", f"-DCUPROPE_SOURCE_HASH=0x{source_hash()}ULL") + extra
 
 

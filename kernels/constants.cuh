@@ -1,0 +1,39 @@
+// The compile-time constants the kernels share with the host. Every value is
+// defined in cuprope/_core/loader.py (CODES, TUNING_DEFAULTS) and arrives as a
+// -D option, so the host's copies are the same values by construction: no
+// default lives here, and a compile without them stops at the #error.
+#pragma once
+
+#if !defined(CUPROPE_SRC_SHARED) || !defined(CUPROPE_SRC_PER_HEAD) ||                  \
+    !defined(CUPROPE_SRC_TABLE) || !defined(CUPROPE_SEQ_SLICES) ||                    \
+    !defined(CUPROPE_ACT_NONE) || !defined(CUPROPE_ACT_RELU) ||                       \
+    !defined(CUPROPE_ACT_SIGMOID) || !defined(CUPROPE_ACT_SILU) ||                    \
+    !defined(CUPROPE_ACT_SOFTMAX) || !defined(CUPROPE_ACT_SOFTMAX_SEQ) ||             \
+    !defined(CUPROPE_ROWS16) || !defined(CUPROPE_ROWS32) || !defined(CUPROPE_RUN16) || \
+    !defined(CUPROPE_RUN32) || !defined(CUPROPE_RUN_STAGES16) ||                      \
+    !defined(CUPROPE_RUN_STAGES32) || !defined(CUPROPE_STAGES16) ||                   \
+    !defined(CUPROPE_STAGES32) || !defined(CUPROPE_MIN_BLOCKS) ||                     \
+    !defined(CUPROPE_MIN_BLOCKS_PH16) || !defined(CUPROPE_MIN_BLOCKS_PH32) ||         \
+    !defined(CUPROPE_MIN_BLOCKS_PH_BWD)
+#error "the CUPROPE_* kernel constants are defined by cuprope/_core/loader.py (compile_options)"
+#endif
+
+namespace cuprope {
+
+// Angle sources (rope_kernel's SRC).
+constexpr int kSrcShared = CUPROPE_SRC_SHARED;    // inv_freq [R/2]: cos/sin once per (token, pair)
+constexpr int kSrcPerHead = CUPROPE_SRC_PER_HEAD;  // inv_freq [H, R/2]: cos/sin per (token, head, pair)
+constexpr int kSrcTable = CUPROPE_SRC_TABLE;  // cos, sin read from [B, S, R] tables in T (HF's tensors)
+
+// LRPE activations before the rotation (rope_kernel's ACT).
+constexpr int kActNone = CUPROPE_ACT_NONE;
+constexpr int kActRelu = CUPROPE_ACT_RELU;
+constexpr int kActSigmoid = CUPROPE_ACT_SIGMOID;
+constexpr int kActSilu = CUPROPE_ACT_SILU;
+constexpr int kActSoftmax = CUPROPE_ACT_SOFTMAX;  // over the head dim: a row reduction within the warp
+constexpr int kActSoftmaxSeq = CUPROPE_ACT_SOFTMAX_SEQ;  // over the sequence: lrpe_seq_stats_kernel
+
+// Sequence slices of lrpe_seq_stats_kernel: its block is (32, kSeqSlices).
+constexpr int kSeqSlices = CUPROPE_SEQ_SLICES;
+
+}  // namespace cuprope
