@@ -259,7 +259,7 @@ def test_per_head_token_runs(dtype, interleaved, partial, layout, pos_kind, rng)
     itemsize = 4 if dtype == "float32" else 2
     vec = 16 // itemsize
     chunks = rot // 2 // vec + (d - rot) // (2 * vec)
-    assert _launch.token_tile(0, itemsize, chunks, 2 * h, b, s) > 0  # the path under test
+    assert _launch.token_tile(_launch.sm_count(0), itemsize, chunks, 2 * h, b, s) > 0  # the path under test
     table = rng.uniform(1e-3, 1.0, (h, rot // 2))
     cfg = cuprope.RopeConfig(rot, inv_freq=table, interleaved=interleaved, layout=layout,
                              scale=0.75)

@@ -174,20 +174,19 @@ def test_token_tiles(monkeypatch):
     from cuprope._core import launch
     if not launch.TOKEN_RUNS:
         pytest.skip("token runs off (tuning run)")
-    monkeypatch.setitem(launch._SM_COUNT, 0, 132)
     run16 = 4 * launch.RUNS[2]  # bf16 D 128: 8 chunks, 4 rows per warp step
-    assert launch.token_tile(0, 2, 8, 32, 1, run16 - 1) == 0           # too short: decode-like
-    assert launch.token_tile(0, 2, 8, 32, 1, run16) == run16            # one run, thin grid
-    assert launch.token_tile(0, 2, 8, 32, 64, 8192) == 4 * run16         # plenty of warps
+    assert launch.token_tile(132, 2, 8, 32, 1, run16 - 1) == 0           # too short: decode-like
+    assert launch.token_tile(132, 2, 8, 32, 1, run16) == run16            # one run, thin grid
+    assert launch.token_tile(132, 2, 8, 32, 64, 8192) == 4 * run16         # plenty of warps
     want = 16 * 132 * launch.WARPS_PER_BLOCK[2]
     for b in (1, 4, 16):                                                 # Llama-3-8B prefill
-        t = launch.token_tile(0, 2, 8, 32, b, 4096)
+        t = launch.token_tile(132, 2, 8, 32, b, 4096)
         assert t in (run16, 2 * run16, 4 * run16)
         assert t == run16 or b * 32 * (4096 // t) >= want                # longer only if still full
         assert t == 4 * run16 or b * 32 * (4096 // (2 * t)) < want       # and as long as that allows
     run32 = launch.RUNS[4]  # fp32 D 512: 64 chunks, one row per warp step
-    assert launch.token_tile(0, 4, 64, 8, 2, 4096) in (run32, 2 * run32, 4 * run32)
-    assert launch.token_tile(0, 4, 64, 8, 2, run32 - 1) == 0
+    assert launch.token_tile(132, 4, 64, 8, 2, 4096) in (run32, 2 * run32, 4 * run32)
+    assert launch.token_tile(132, 4, 64, 8, 2, run32 - 1) == 0
 
 
 def test_steps_cap_grows_with_the_prologue():

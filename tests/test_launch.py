@@ -6,7 +6,7 @@ import struct
 
 import pytest
 
-from cuprope._core import launch, loader
+from cuprope._core import args, launch, loader
 
 
 def c_struct_fields():
@@ -29,12 +29,12 @@ def c_struct_fields():
 
 def test_field_list_is_the_c_struct():
     """Names, order, element counts and types (every element 8 bytes)."""
-    assert tuple(c_struct_fields()) == launch.ARGS_FIELDS
-    assert launch._ARGS.size == 8 * sum(c for _, c, _ in launch.ARGS_FIELDS)
+    assert tuple(c_struct_fields()) == args.ARGS_FIELDS
+    assert args.ARGS.size == 8 * sum(c for _, c, _ in args.ARGS_FIELDS)
 
 
 def test_per_call_slots_derive_from_the_field_list():
-    names = [n for n, c, _ in launch.ARGS_FIELDS for _ in range(c)]
+    names = [n for n, c, _ in args.ARGS_FIELDS for _ in range(c)]
     assert names[launch._IN0] == names[launch._IN1] == "in_ptr" and launch._IN1 == launch._IN0 + 1
     assert names[launch._OUT0] == names[launch._OUT1] == "out_ptr"
     assert launch._OUT1 == launch._OUT0 + 1
@@ -45,17 +45,29 @@ def test_per_call_slots_derive_from_the_field_list():
 
 
 def test_pack_args_fills_fields_by_name():
-    raw = launch.pack_args(in_sb=(5, 6), heads=(32, 8), scale=0.75, sin_sign=-1.0, tok_tile=64)
-    values = struct.unpack(launch._ARGS.format, raw)
-    slots = launch.ARGS_SLOTS
+    raw = args.pack_args(in_sb=(5, 6), heads=(32, 8), scale=0.75, sin_sign=-1.0, tok_tile=64)
+    values = struct.unpack(args.ARGS.format, raw)
+    slots = args.ARGS_SLOTS
     assert values[slots["in_sb"]:slots["in_sb"] + 2] == (5, 6)
     assert values[slots["heads"]:slots["heads"] + 2] == (32, 8)
     assert values[slots["scale"]] == 0.75 and values[slots["sin_sign"]] == -1.0
     assert values[slots["tok_tile"]] == 64
     named = {slots[n] + i for n in ("in_sb", "heads", "scale", "sin_sign", "tok_tile")
-             for i in range(dict((f, c) for f, c, _ in launch.ARGS_FIELDS)[n])}
+             for i in range(dict((f, c) for f, c, _ in args.ARGS_FIELDS)[n])}
     assert all(v == 0 for i, v in enumerate(values) if i not in named)
     with pytest.raises(TypeError, match="no field"):
-        launch.pack_args(in_stride=1)
+        args.pack_args(in_stride=1)
     with pytest.raises(ValueError, match="heads takes 2 values"):
-        launch.pack_args(heads=(1,))
+        args.pack_args(heads=(1,))
+
+
+def test_flat_order_takes_every_pointer_first_inputs_before_outputs():
+    """The flat entries' parameters: the ten pointer words (inputs, then the
+    outputs the kernel writes), then every other word once, in struct order."""
+    names = [n for n, c, _ in args.ARGS_FIELDS for _ in range(c)]
+    assert all(names[s].endswith("_ptr") for s in args.FLAT_POINTER_SLOTS)
+    assert sorted(args.FLAT_POINTER_SLOTS + args.FLAT_WORDS) == list(range(len(names)))
+    assert list(args.FLAT_WORDS) == sorted(args.FLAT_WORDS)
+    assert not any(names[s].endswith("_ptr") for s in args.FLAT_WORDS)
+    outs = [i for i, r in enumerate(args.FLAT_POINTERS) if r.startswith(("out_", "stats"))]
+    assert outs == list(range(len(args.FLAT_POINTERS) - len(outs), len(args.FLAT_POINTERS)))

@@ -5,66 +5,15 @@ tables (they are cached per device in RopeConfig), no synchronisation.
 """
 from __future__ import annotations
 
-import struct
-
 import numpy as np
 
+from .args import ARGS, ARGS_DTYPE, ARGS_SLOTS, pack_args
 from .driver import DRIVER, Stream
 from .loader import (ITEMSIZE, LRPE_ACTS, MODULES, SEQ_SLICES, SRC_PER_HEAD, SRC_SHARED,
                      SRC_TABLE, family_of, kernel_name, lrpe_vec_widths, seq_stats_kernel_name,
                      tuning, vec_widths)
 
 SMEM_LIMIT = 48 * 1024  # per block, the most a launch gets without opting in
-
-# struct RopeArgs (kernels/args.cuh) field by field, in order: (name, count,
-# kind), kind "q" an int64 and "d" a float64. Every field being 8 bytes, a
-# field's index in the int64 view of the packed struct is its slot below.
-ARGS_FIELDS = (
-    ("in_ptr", 2, "q"), ("out_ptr", 2, "q"),
-    ("in_sb", 2, "q"), ("in_ss", 2, "q"), ("in_sh", 2, "q"),
-    ("out_sb", 2, "q"), ("out_ss", 2, "q"), ("out_sh", 2, "q"),
-    ("heads", 2, "q"), ("n_batch", 1, "q"), ("n_seq", 1, "q"),
-    ("head_dim", 1, "q"), ("rot_dim", 1, "q"), ("copy_rest", 1, "q"),
-    ("pos_ptr", 1, "q"), ("pos_is64", 1, "q"),
-    ("pos_s_stream", 1, "q"), ("pos_sb", 1, "q"), ("pos_ss", 1, "q"),
-    ("seq_off_ptr", 1, "q"), ("seq_off_is64", 1, "q"), ("offset", 1, "q"),
-    ("inv_freq_ptr", 1, "q"), ("freq_sh", 1, "q"), ("stream_map_ptr", 1, "q"),
-    ("scale", 1, "d"), ("sin_sign", 1, "d"),
-    ("head_groups", 1, "q"), ("heads_per_group", 1, "q"),
-    ("aux_ptr", 1, "q"), ("aux_sb", 1, "q"), ("aux_ss", 1, "q"), ("aux_sh", 1, "q"),
-    ("stats_ptr", 1, "q"), ("stats_plane", 1, "q"),
-    ("tok_tile", 1, "q"),
-)
-_ARGS = struct.Struct("<" + "".join(kind * count for _, count, kind in ARGS_FIELDS))
-_ARGS_DTYPE = np.dtype([("raw", np.uint8, (_ARGS.size,))])
-
-
-def _slots(fields) -> dict[str, int]:
-    out, slot = {}, 0
-    for name, count, _ in fields:
-        out[name] = slot
-        slot += count
-    return out
-
-
-ARGS_SLOTS = _slots(ARGS_FIELDS)  # name -> the slot of its first element
-
-
-def pack_args(**values) -> bytes:
-    """RopeArgs packed from its fields by name (a pair for the two-element
-    fields); a field not named is 0."""
-    unknown = set(values) - set(ARGS_SLOTS)
-    if unknown:
-        raise TypeError(f"RopeArgs has no field {sorted(unknown)}")
-    flat = []
-    for name, count, _ in ARGS_FIELDS:
-        v = values.get(name, (0,) * count)
-        v = tuple(v) if isinstance(v, (tuple, list)) else (v,)
-        if len(v) != count:
-            raise ValueError(f"RopeArgs.{name} takes {count} values, got {len(v)}")
-        flat += v
-    return _ARGS.pack(*flat)
-
 
 _SM_COUNT: dict[int, int] = {}
 _FUNCS: dict = {}
@@ -177,7 +126,7 @@ def pick_vec(dtype, plans, npairs, tail, n_batch, n_seq, widths=None) -> int:
     return 1
 
 
-def grid_for(device, itemsize, npairs, chunks, htot, tokens, shared_cs, ring=0, max_steps=0):
+def grid_for(sms, itemsize, npairs, chunks, htot, tokens, shared_cs, ring=0, max_steps=0):
     """(grid, block, head groups per token, heads per group, shared bytes).
 
     One warp per (token, head group). A warp covers 32 // min(chunks, 32) heads
@@ -189,7 +138,7 @@ def grid_for(device, itemsize, npairs, chunks, htot, tokens, shared_cs, ring=0, 
     rpw = 32 // min(chunks, 32)
     steps = -(-htot // rpw)                     # warp steps to cover all heads
     wpb = WARPS_PER_BLOCK[itemsize]
-    want = 16 * sm_count(device) * wpb
+    want = 16 * sms * wpb
     groups = max(1, min(steps, -(-want // tokens)))
     if max_steps:
         groups = max(groups, -(-steps // max_steps))
@@ -205,7 +154,7 @@ def grid_for(device, itemsize, npairs, chunks, htot, tokens, shared_cs, ring=0, 
     return (-(-units // wpb), 1, 1), (32 * wpb, 1, 1), groups, per_group, wpb * smem_per_warp
 
 
-def token_tile(device, itemsize, chunks, htot, n_batch, n_seq) -> int:
+def token_tile(sms, itemsize, chunks, htot, n_batch, n_seq) -> int:
     """Tokens per warp for token runs (0: use heads per warp instead).
 
     A warp then owns one head of ``tile`` consecutive tokens; each lane takes
@@ -219,7 +168,7 @@ def token_tile(device, itemsize, chunks, htot, n_batch, n_seq) -> int:
         return 0
     if TOKEN_TILE:
         return TOKEN_TILE
-    want = 16 * sm_count(device) * WARPS_PER_BLOCK[itemsize]
+    want = 16 * sms * WARPS_PER_BLOCK[itemsize]
     m = 1
     while m < 4 and n_batch * htot * -(-n_seq // (2 * m * run)) >= want:
         m *= 2
@@ -286,7 +235,7 @@ class LaunchPlan:
         """Through the driver once the plan has launched once through CuPy."""
         if self._params is None or not DRIVER.launch(self, stream_ptr):
             self._params = None
-            self.func(self.grid, self.block, (self.buf.view(_ARGS_DTYPE),),
+            self.func(self.grid, self.block, (self.buf.view(ARGS_DTYPE),),
                       shared_mem=self.smem, stream=Stream(stream_ptr))
             self._params = DRIVER.params_for(self)
 
@@ -303,10 +252,40 @@ class LaunchPlan:
         self._launch(stream_ptr)
 
 
-def make_plan(*, device, dtype, interleaved, plans, n_batch, n_seq, head_dim, rot_dim,
-              copy_rest, pos, seq_off, inv_freq_ptr, freq_sh, stream_map_ptr, scale, sin_sign,
-              act=0, backward_act=False, aux=None, table=None):
-    """Plan one rope launch over one or two tensors (q and k).
+class Launch:
+    """What a launch is, apart from its pointers, stream and offset: the
+    instantiation (``name``: its name expression), grid, block, dynamic
+    shared bytes, vector width and the packed RopeArgs; ``pre``: the LRPE
+    sequence-softmax statistics pass, (name, grid, block), or None."""
+
+    __slots__ = ("name", "grid", "block", "smem", "vec", "args", "pre", "key")
+
+    def __init__(self, name, grid, block, smem, vec, args, pre, key):
+        self.name, self.grid, self.block, self.smem = name, grid, block, smem
+        self.vec, self.args, self.pre, self.key = vec, args, pre, key
+
+
+def make_plan(*, device, **kw):
+    """Plan one rope launch on ``device`` (plan_launch's arguments) as a
+    LaunchPlan ready to run."""
+    spec = plan_launch(sms=sm_count(device), **kw)
+    func = _function(device, *spec.key)
+    itemsize = ITEMSIZE[kw["dtype"]]
+    plan = LaunchPlan(device, func, spec.grid, spec.block, spec.smem, spec.vec,
+                      spec.vec * itemsize, spec.args)
+    if spec.pre is not None:
+        name, grid, block = spec.pre
+        stats_fn = MODULES.functions(device, family_of(spec.key[4], spec.key[3]))[name]
+        plan.pre = LaunchPlan(device, stats_fn, grid, block, 0, spec.vec, spec.vec * itemsize,
+                              spec.args)
+    return plan
+
+
+def plan_launch(*, sms, dtype, interleaved, plans, n_batch, n_seq, head_dim, rot_dim,
+                copy_rest, pos, seq_off, inv_freq_ptr, freq_sh, stream_map_ptr, scale, sin_sign,
+                act=0, backward_act=False, aux=None, table=None) -> Launch:
+    """Plan one rope launch over one or two tensors (q and k) on a GPU of
+    ``sms`` multiprocessors (no device is touched: the JAX lowering plans too).
 
     plans: TensorPlan per tensor (pointers only decide the vector width);
     pos: None or (is64, stride_stream, stride_b, stride_s); seq_off: None or is64.
@@ -343,7 +322,7 @@ def make_plan(*, device, dtype, interleaved, plans, n_batch, n_seq, head_dim, ro
     src = SRC_TABLE if table is not None else (SRC_PER_HEAD if freq_sh else SRC_SHARED)
     stages = ring_stages(ITEMSIZE[dtype], vec, src, act, backward_act)
     htot = heads[0] + heads[1]
-    grid, block, groups, per_group, smem = grid_for(device, ITEMSIZE[dtype], npairs, chunks, htot,
+    grid, block, groups, per_group, smem = grid_for(sms, ITEMSIZE[dtype], npairs, chunks, htot,
                                                     n_batch * n_seq, src == SRC_SHARED,
                                                     ring_bytes(stages, src),
                                                     steps_cap(src, npairs, stream_map_ptr))
@@ -351,7 +330,7 @@ def make_plan(*, device, dtype, interleaved, plans, n_batch, n_seq, head_dim, ro
     run_smem = npairs * 8 + token_ring_bytes(ITEMSIZE[dtype], vec, backward_act)
     if (src == SRC_PER_HEAD and pos is None and not stream_map_ptr and act != SOFTMAX_HEAD
             and run_smem <= SMEM_LIMIT):
-        tile = token_tile(device, ITEMSIZE[dtype], chunks, htot, n_batch, n_seq)
+        tile = token_tile(sms, ITEMSIZE[dtype], chunks, htot, n_batch, n_seq)
     if tile:  # one warp per (sequence, token tile, head)
         grid, block, smem = _token_grid(ITEMSIZE[dtype], run_smem,
                                         htot * n_batch * -(-n_seq // tile))
@@ -373,12 +352,10 @@ def make_plan(*, device, dtype, interleaved, plans, n_batch, n_seq, head_dim, ro
         stream_map_ptr=stream_map_ptr, scale=scale, sin_sign=sin_sign, head_groups=groups,
         heads_per_group=per_group, aux_sb=aux_strides[0], aux_ss=aux_strides[1],
         aux_sh=aux_strides[2], stats_plane=n_batch * heads[0] * head_dim, tok_tile=tile)
-    func = _function(device, dtype, interleaved, vec, src, act, backward_act)
-    plan = LaunchPlan(device, func, grid, block, smem, vec, vec * ITEMSIZE[dtype], args)
+    pre = None
     if act == SOFTMAX_SEQ:
         cols = n_batch * heads[0] * npairs
-        stats_fn = MODULES.functions(device, family_of(act, src))[
-            seq_stats_kernel_name(dtype, backward_act)]
-        plan.pre = LaunchPlan(device, stats_fn, (-(-cols // 32), 1, 1), (32, SEQ_SLICES, 1), 0,
-                              vec, vec * ITEMSIZE[dtype], args)
-    return plan
+        pre = (seq_stats_kernel_name(dtype, backward_act), (-(-cols // 32), 1, 1),
+               (32, SEQ_SLICES, 1))
+    key = (dtype, interleaved, vec, src, act, backward_act)
+    return Launch(kernel_name(*key), grid, block, smem, vec, args, pre, key)

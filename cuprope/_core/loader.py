@@ -131,6 +131,14 @@ def kernel_name(dtype: str, interleaved: bool, vec: int, src: int = SRC_SHARED,
     return name + ">"
 
 
+def flat_kernel_name(dtype: str, interleaved: bool, vec: int, src: int = SRC_SHARED,
+                     act: int = 0, backward: bool = False) -> str:
+    """Name expression of the flat entry (kernels/flat.cuh) of the
+    ``rope_kernel`` instantiation with these parameters."""
+    return kernel_name(dtype, interleaved, vec, src, act, backward).replace(
+        "cuprope::rope_kernel<", "cuprope::rope_flat_kernel<", 1)
+
+
 def seq_stats_kernel_name(dtype: str, backward: bool) -> str:
     """The LRPE sequence-softmax statistics pass."""
     return f"cuprope::lrpe_seq_stats_kernel<{DTYPE_CTYPES[dtype]}, {_b(backward)}>"
