@@ -3,6 +3,7 @@ working tree, up to register and label names? No GPU needed (NVRTC compiles
 on the CPU):
 
     PYTHONPATH=. python benchmarks/ptx_diff.py [--rev c1caac3] [--arch compute_90]
+                                               [--family shared ...]
 
 Both trees compile every name of ``loader.all_kernel_names()`` (the working
 tree's list) with the working tree's options (``loader.compile_options()``:
@@ -44,16 +45,16 @@ def revision_kernels(rev: str, dest: Path) -> Path:
     return dest
 
 
+def nvrtc():
+    from cuda.bindings import nvrtc as mod
+    return mod
+
+
 def _ok(result):
     err = result[0]
     if err != nvrtc().nvrtcResult.NVRTC_SUCCESS:
         raise RuntimeError(f"NVRTC: {err}")
     return result[1] if len(result) == 2 else None
-
-
-def nvrtc():
-    from cuda.bindings import nvrtc as mod
-    return mod
 
 
 def compile_ptx(folder: str, names: list[str], arch: str) -> dict[str, str]:
@@ -126,20 +127,23 @@ def main(argv=None) -> int:
     ap.add_argument("--rev", default="c1caac3", help="git revision to compare against")
     ap.add_argument("--arch", default="compute_90")
     ap.add_argument("--context", type=int, default=3, help="diff lines shown per difference (x10)")
+    ap.add_argument("--family", action="append", choices=loader.FAMILIES,
+                    help="compare only this family (repeatable; default: all)")
     args = ap.parse_args(argv)
     tree = str(loader.kernel_dir())
+    families = args.family or loader.FAMILIES
     with tempfile.TemporaryDirectory() as tmp:
         old = str(revision_kernels(args.rev, Path(tmp)))
         # one job per (tree, family): independent compiles, two at a time or more
         jobs = [(folder, loader.all_kernel_names(fam), args.arch)
-                for folder in (old, tree) for fam in loader.FAMILIES]
+                for folder in (old, tree) for fam in families]
         with ProcessPoolExecutor() as pool:
             results = list(pool.map(_job, jobs))
-    half = len(loader.FAMILIES)
+    half = len(families)
     before = {k: v for r in results[:half] for k, v in r.items()}
     after = {k: v for r in results[half:] for k, v in r.items()}
     differ = 0
-    for name in loader.all_kernel_names():
+    for name in (n for fam in families for n in loader.all_kernel_names(fam)):
         a, b = normalise(before[name]), normalise(after[name])
         if a == b:
             print(f"identical  {name}")

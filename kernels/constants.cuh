@@ -21,16 +21,19 @@
 namespace cuprope {
 
 // Angle sources (rope_kernel's SRC).
-constexpr int kSrcShared = CUPROPE_SRC_SHARED;    // inv_freq [R/2]: cos/sin once per (token, pair)
-constexpr int kSrcPerHead = CUPROPE_SRC_PER_HEAD;  // inv_freq [H, R/2]: cos/sin per (token, head, pair)
-constexpr int kSrcTable = CUPROPE_SRC_TABLE;  // cos, sin read from [B, S, R] tables in T (HF's tensors)
+// kSrcShared:  inv_freq [R/2]: cos/sin once per (token, pair)
+// kSrcPerHead: inv_freq [H, R/2]: cos/sin per (token, head, pair)
+// kSrcTable:   cos, sin read from [B, S, R] tables in T (HF's tensors)
+constexpr int kSrcShared = CUPROPE_SRC_SHARED;
+constexpr int kSrcPerHead = CUPROPE_SRC_PER_HEAD;
+constexpr int kSrcTable = CUPROPE_SRC_TABLE;
 
 // LRPE activations before the rotation (rope_kernel's ACT).
 constexpr int kActNone = CUPROPE_ACT_NONE;
 constexpr int kActRelu = CUPROPE_ACT_RELU;
 constexpr int kActSigmoid = CUPROPE_ACT_SIGMOID;
 constexpr int kActSilu = CUPROPE_ACT_SILU;
-constexpr int kActSoftmax = CUPROPE_ACT_SOFTMAX;  // over the head dim: a row reduction within the warp
+constexpr int kActSoftmax = CUPROPE_ACT_SOFTMAX;  // over the head dim: a row reduction in the warp
 constexpr int kActSoftmaxSeq = CUPROPE_ACT_SOFTMAX_SEQ;  // over the sequence: lrpe_seq_stats_kernel
 
 // Sequence slices of lrpe_seq_stats_kernel: its block is (32, kSeqSlices).

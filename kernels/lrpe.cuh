@@ -172,6 +172,15 @@ __device__ __forceinline__ float neg_inf() { return __int_as_float(static_cast<i
 // and its softmax is 0/0 = NaN, as in torch).
 __device__ __forceinline__ float softmax_ref(float m) { return m == neg_inf() ? 0.f : m; }
 
+// A chunk's two packs of a half-split row: elements [off, off + VEC) and
+// [off + npairs, off + npairs + VEC).
+template <typename T, int VEC>
+__device__ __forceinline__ void load_halves(long long ptr, long long off, int npairs,
+                                            Pack<T, VEC>& p0, Pack<T, VEC>& p1) {
+  p0 = load_pack<T, VEC>(ptr, off);
+  p1 = load_pack<T, VEC>(ptr, off + npairs);
+}
+
 // g = R^T dO and s = exp(x - ref) / sum for one chunk of the head-softmax backward.
 template <typename T, int VEC, bool PER_HEAD>
 __device__ __forceinline__ void softmax_grad_chunk(const RopeArgs& a, const float2* my_cs,
@@ -227,8 +236,7 @@ __device__ __forceinline__ void softmax_head_rows(const RopeArgs& a, const float
     for (int k = 0; k < kmax; ++k) {
       const int c = c0 + k * cpr;
       if (row && c < chunks) {
-        x0 = load_pack<T, VEC>(xptr, x_row + c * VEC);
-        x1 = load_pack<T, VEC>(xptr, x_row + c * VEC + npairs);
+        load_halves<T, VEC>(xptr, x_row + c * VEC, npairs, x0, x1);
         float cm = m;
 #pragma unroll
         for (int v = 0; v < VEC; ++v) cm = fmaxf(cm, fmaxf(to_f32(x0.v[v]), to_f32(x1.v[v])));
@@ -248,8 +256,7 @@ __device__ __forceinline__ void softmax_head_rows(const RopeArgs& a, const float
         const int c = c0 + k * cpr;
         if (row && c < chunks) {
           if (kmax > 1) {
-            x0 = load_pack<T, VEC>(xptr, x_row + c * VEC);
-            x1 = load_pack<T, VEC>(xptr, x_row + c * VEC + npairs);
+            load_halves<T, VEC>(xptr, x_row + c * VEC, npairs, x0, x1);
           }
           float v1[VEC], v2[VEC];
           float2 cs[VEC];
@@ -275,8 +282,7 @@ __device__ __forceinline__ void softmax_head_rows(const RopeArgs& a, const float
         const int c = c0 + k * cpr;
         if (row && c < chunks) {
           if (kmax > 1) {
-            x0 = load_pack<T, VEC>(xptr, x_row + c * VEC);
-            x1 = load_pack<T, VEC>(xptr, x_row + c * VEC + npairs);
+            load_halves<T, VEC>(xptr, x_row + c * VEC, npairs, x0, x1);
           }
           softmax_grad_chunk<T, VEC, PER_HEAD>(a, my_cs, b, s, h, c, npairs, g_row + c * VEC, x0,
                                                x1, ref, sum, g1, g2, s1, s2);
@@ -290,8 +296,7 @@ __device__ __forceinline__ void softmax_head_rows(const RopeArgs& a, const float
         const int c = c0 + k * cpr;
         if (row && c < chunks) {
           if (kmax > 1) {
-            x0 = load_pack<T, VEC>(xptr, x_row + c * VEC);
-            x1 = load_pack<T, VEC>(xptr, x_row + c * VEC + npairs);
+            load_halves<T, VEC>(xptr, x_row + c * VEC, npairs, x0, x1);
             softmax_grad_chunk<T, VEC, PER_HEAD>(a, my_cs, b, s, h, c, npairs, g_row + c * VEC,
                                                  x0, x1, ref, sum, g1, g2, s1, s2);
           }

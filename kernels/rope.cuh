@@ -30,6 +30,12 @@
 // rotation) and BWD (the fused backward through rotation and activation, with
 // x read beside dO). Their defaults, ACT = kActNone and BWD = false, compile
 // every LRPE hook away, so the plain RoPE instantiations are unchanged.
+//
+// Here: where pairs sit, the rotations of a chunk, the warp's work, its three
+// paths (staged_rows, token_runs, register_rows) and rope_kernel, which picks
+// one. common.cuh has what every kernel needs (types, packs, exact angles,
+// positions), lrpe.cuh the LRPE hooks, constants.cuh and args.cuh what the
+// host shares.
 #pragma once
 
 #include "common.cuh"
@@ -117,11 +123,490 @@ __device__ __forceinline__ void rotate_table(Pack<T, VEC>& p0, Pack<T, VEC>& p1,
   }
 }
 
+// ---------------------------------------------------------------- the warp's work
 // Each warp owns one (token, head group): heads [g*heads_per_group, ...) of the
 // concatenated head list (q heads, then k heads). A lane owns one chunk (VEC
 // pairs of a head, or pass-through elements when copying dims >= R); the warp
-// covers 32/cpr heads per step, cpr = min(chunks, 32) lanes per head.
+// covers 32/cpr heads per step, cpr = min(chunks, 32) lanes per head. With
+// token runs the warp owns one head h0 of the tokens [s, s + tok_tile) of
+// sequence b instead, the units ordered (b, tile, head).
 //
+// rope_kernel decodes this into its locals, and the paths read them through
+// Warp, TokenRows and Lane, structs of references. Their helpers per chunk and
+// per head are function objects over references to the same locals: lambdas
+// within a path, or the structs below where paths share one, built where
+// they are called, with their members in the order the single kernel's
+// lambdas captured them. That keeps every instantiation's PTX what it was
+// before the kernel was split into paths (benchmarks/ptx_diff.py): the
+// compiler optimises a called object on its own before inlining it but a
+// function after, a struct of values escapes whole where a helper holds it,
+// and the order of the locals orders some instructions.
+struct Warp {
+  const int &npairs, &chunks;
+  const int &cpr, &rpw;   // lanes per head, heads per step
+  const int &lane, &sub;  // sub: the head of the step this lane works on (idle if >= rpw)
+  const int &heads0;      // q heads; h >= heads0 is head h - heads0 of k
+  const unsigned &n_seq, &tile, &b, &s;
+  const bool& runs;       // token runs
+  const int &h0, &h1;
+  float2* const& my_cs;   // the warp's cos/sin slice (kSrcShared; token runs: the step's rotations)
+};
+
+// (pointer, element offset) of head h's row in the inputs (OUT: outputs); h
+// indexes the concatenated head list, so tensor 1 (k) from heads0 on.
+template <bool OUT>
+struct Rows {
+  const RopeArgs& a;
+  const int& heads0;
+  const long long &base0, &base1;
+  __device__ Row operator()(int h) const {
+    const bool is_k = h >= heads0;
+    const long long* ptr = OUT ? a.out_ptr : a.in_ptr;
+    const long long* sh = OUT ? a.out_sh : a.in_sh;
+    return Row{is_k ? ptr[1] : ptr[0], is_k ? base1 + (h - heads0) * sh[1] : base0 + h * sh[0]};
+  }
+};
+
+// Element offsets of chunk c's packs; `two`: a second pack (every rotated
+// chunk, and pass-through chunks of two packs). A region's chunks take its
+// first half with their first pack and its second half with the second, so
+// each load instruction of the warp covers whole contiguous sectors: rotated
+// [0, R) splits at R/2 (interleaved too: pairs never straddle it, since
+// R/2 is a multiple of VEC), pass-through [R, D) at its middle. The one
+// exception, interleaved with one-element packs, keeps a pair's two
+// elements side by side. e0, e1 are within a head: D < 2^31.
+template <bool INTERLEAVED, int VEC>
+struct ChunkGeometry {
+  bool& rot;
+  const int &c, &rot_chunks;
+  bool& two;
+  const int& cw;
+  int &e0, &e1;
+  const int &npairs, &chunks;
+  __device__ void operator()() const {
+    rot = c < rot_chunks;
+    two = rot || cw == 2;
+    if (rot) {
+      e0 = (INTERLEAVED && VEC == 1) ? 2 * c : c * VEC;
+      e1 = (INTERLEAVED && VEC == 1) ? e0 + 1 : e0 + npairs;
+    } else {
+      e0 = 2 * npairs + (c - rot_chunks) * VEC;
+      e1 = e0 + (chunks - rot_chunks) * VEC;  // used when cw == 2
+    }
+  }
+};
+
+// The pair of the chunk at e0, e1 at pair_slot v.
+template <bool INTERLEAVED, int VEC>
+struct ChunkPairs {
+  const int &e0, &e1;
+  __device__ int operator()(int v) const {
+    return INTERLEAVED ? ((2 * v < VEC ? e0 : e1) + (2 * v) % VEC) / 2 : e0 + v;
+  }
+};
+
+// The token's rows (head h's in the inputs and outputs) and x's offset
+// beside dO (LRPE backward).
+struct TokenRows {
+  const Rows<false>& in;
+  const Rows<true>& out;
+  const long long& aux;
+};
+
+// The lane's share: whether it works (lanes left over when cpr does not
+// divide 32 idle), the heads it advances per trip in register rows, its
+// chunk c (it advances by cpr) and that chunk's geometry, which `geometry`
+// sets.
+template <bool INTERLEAVED, int VEC>
+struct Lane {
+  const bool& active;
+  const int& step;
+  int& c;
+  int &e0, &e1;
+  bool &rot, &two;
+  const ChunkGeometry<INTERLEAVED, VEC>& geometry;
+  const ChunkPairs<INTERLEAVED, VEC>& pair_at;
+};
+
+// The token's position in stream 0: loaded once, not once per pair (with few
+// tokens, as in decode, the launch is one dependent chain of loads).
+struct Stream0Position {
+  const RopeArgs& a;
+  const unsigned &b, &s;
+  __device__ long long operator()() const {
+    return a.stream_map_ptr ? 0 : token_position(a, b, s, 0);
+  }
+};
+
+// This lane's share of the token's cos/sin into the warp's slice
+// (kSrcShared). pos0, f0: the token's stream-0 position and the inverse
+// frequency of the lane's first pair, which the staged path loads before
+// priming its ring.
+template <bool INTERLEAVED, int VEC>
+struct SliceCosSin {
+  const int &lane, &npairs;
+  const RopeArgs& a;
+  const unsigned &b, &s;
+  float2* const& my_cs;
+  __device__ void operator()(long long pos0, double f0) const {
+    for (int p = lane; p < npairs; p += 32) {
+      const float2 cs = p == lane && !a.stream_map_ptr ? scaled_cos_sin(a, pos0, f0)
+                                                       : pair_cos_sin(a, b, s, p, 0, pos0);
+      my_cs[cs_slot<INTERLEAVED, VEC>(p, npairs)] = cs;
+    }
+    __syncwarp();
+  }
+};
+// The same, loading pos0 and f0 first.
+template <bool INTERLEAVED, int VEC>
+struct TokenCosSin {
+  const SliceCosSin<INTERLEAVED, VEC>& fill;
+  const Stream0Position& stream0_position;
+  const int &lane, &npairs;
+  const RopeArgs& a;
+  __device__ void operator()() const {
+    fill(stream0_position(), lane < npairs ? inv_freq_at(a, 0, lane) : 0.0);
+  }
+};
+
+// ---------------------------------------------------------------- staged path
+// Loads through a per-warp shared-memory ring (kStages > 0: 16-byte packs,
+// shared angles or cos/sin tables, plain RoPE), kStages - 1 heads ahead.
+// Lane slots (stage st, pack k) at ring[(2 * st + k) * 32] of the warp's
+// ring, which follows the block's cos/sin slices (kSrcShared). Head h + j *
+// rpw of the lane's chunk goes to stage j mod kStages, one commit group per
+// head. kSrcTable: four more slots after the stages hold the chunk's cos
+// (packs 0, 1) and sin (2, 3), one group issued first.
+template <typename T, bool INTERLEAVED, int VEC, int SRC, int kStages>
+__device__ __forceinline__ void staged_rows(const RopeArgs& a, const Warp& w, const TokenRows& rows,
+                                            const Lane<INTERLEAVED, VEC>& ln, float2* warp_cs) {
+  constexpr bool TABLE = SRC == kSrcTable;
+  // the names below; the lambdas hold them by reference, like all helpers (see Warp)
+  const int &npairs = w.npairs, &lane = w.lane, &sub = w.sub, &rpw = w.rpw, &h0 = w.h0;
+  const int& h1 = w.h1;
+  const unsigned &b = w.b, &s = w.s;
+  int &c = ln.c, &e0 = ln.e0, &e1 = ln.e1;
+  bool &rot = ln.rot, &two = ln.two;
+  const auto& geometry = ln.geometry;
+  const auto& in_row = rows.in;
+  const Stream0Position stream0_position{a, b, s};
+  const SliceCosSin<INTERLEAVED, VEC> warp_cos_sin_from{lane, npairs, a, b, s, w.my_cs};
+  using P = Pack<T, VEC>;
+  constexpr int kSlots = 2 * kStages + (TABLE ? 4 : 0);
+  P* ring = reinterpret_cast<P*>(warp_cs + (TABLE ? 0 : (blockDim.x >> 5) * npairs)) +
+            (threadIdx.x >> 5) * (kSlots * 32) + lane;
+  [[maybe_unused]] P* tslot = ring + 2 * kStages * 32;
+  auto issue = [&](int h, int st) {
+    if (h < h1) {
+      const Row r = in_row(h);
+      const T* src = reinterpret_cast<const T*>(r.ptr) + r.off;
+      cp_async16(ring + 2 * st * 32, src + e0);
+      if (two) cp_async16(ring + (2 * st + 1) * 32, src + e1);
+    }
+    cp_async_commit();
+  };
+  auto prime = [&]() {  // chunk c's geometry, table packs and first kStages - 1 heads
+    geometry();
+    if constexpr (TABLE) {
+      if (rot) {
+        const long long toff = b * a.pos_sb + s * a.pos_ss;
+        const T* tcos = reinterpret_cast<const T*>(a.pos_ptr) + toff;
+        const T* tsin = reinterpret_cast<const T*>(a.seq_off_ptr) + toff;
+        cp_async16(tslot, tcos + e0);
+        cp_async16(tslot + 32, tcos + e1);
+        cp_async16(tslot + 64, tsin + e0);
+        cp_async16(tslot + 96, tsin + e1);
+      }
+      cp_async_commit();
+    }
+#pragma unroll
+    for (int j = 0; j + 1 < kStages; ++j) issue(h0 + sub + j * rpw, j);
+  };
+  // the angle inputs' loads go out before the ring's: the cp.async memory
+  // clobber would keep them behind it, and in a short launch (decode) they
+  // head the chain position -> trig -> rotation
+  long long pos0 = 0;
+  double f0 = 0.0;
+  if constexpr (!TABLE) {
+    pos0 = stream0_position();
+    if (lane < npairs) f0 = inv_freq_at(a, 0, lane);
+  }
+  if (ln.active) prime();  // in flight while the cos/sin are computed
+  if constexpr (!TABLE) warp_cos_sin_from(pos0, f0);
+  if (!ln.active) return;
+  for (bool primed = true; c < w.chunks; c += w.cpr, primed = false) {
+    if (!primed) prime();
+    // cos/sin (or the table packs) are re-read from shared memory per head:
+    // fewer registers, and the wait's memory clobber keeps the compiler
+    // from hoisting them
+    const float2* cs0 = w.my_cs + cs_slot<INTERLEAVED, VEC>(ln.pair_at(0), npairs);
+    const float2* cs1 = w.my_cs + cs_slot<INTERLEAVED, VEC>(ln.pair_at(VEC / 2), npairs);
+    const int cstride = cs_stride<INTERLEAVED, VEC>(npairs);
+    int st = 0;
+    for (int h = h0 + sub; h < h1; h += rpw) {
+      issue(h + (kStages - 1) * rpw, st == 0 ? kStages - 1 : st - 1);
+      cp_async_wait<kStages - 1>();  // head h (and the tables) have landed
+      P x0 = ring[2 * st * 32], x1;
+      if (two) x1 = ring[(2 * st + 1) * 32];
+      if (rot) {
+        if constexpr (TABLE) {
+          const P tc[2] = {tslot[0], tslot[32]};
+          const P ts[2] = {tslot[64], tslot[96]};
+          rotate_table<T, INTERLEAVED, VEC>(x0, x1, tc, ts, a.sin_sign < 0.0);
+        } else {
+          rotate_chunk<T, INTERLEAVED, VEC>(x0, x1, cs0, cs1, cstride);
+        }
+      }
+      const Row r = rows.out(h);
+      store_pack<T, VEC>(r.ptr, r.off + e0, x0);
+      if (two) store_pack<T, VEC>(r.ptr, r.off + e1, x1);
+      st = st + 1 == kStages ? 0 : st + 1;
+    }
+  }
+}
+
+// ---------------------------------------------------------------- token runs
+// The warp's head h0 at its tokens [s, s_end); a lane takes every rpw-th
+// (its rows k = 0, 1, ...). Its cos/sin are computed exactly at rows k % kRun
+// == 0 and composed with the exact rotation by rpw positions in between
+// (CUPROPE_RUN16/32: the error stays bounded at any position). The scale
+// rides on the exact values (composing with a unit rotation keeps it;
+// pair_cos_sin's value, without its stream-map branch and freq reload, which
+// cost registers here).
+//
+// With 16-byte packs the rows load through a per-warp shared-memory ring
+// (cp.async, kTokStages - 1 rows ahead), after the warp's step slice: the
+// latency hides without holding rows in registers. Slots (stage st, pack k)
+// at ring[(kPacks * st + k) * 32]: x at e0, e1, and in the LRPE backward x
+// beside dO at e0, e1.
+template <typename T, bool INTERLEAVED, int VEC, int ACT, bool BWD>
+__device__ __forceinline__ void token_runs(const RopeArgs& a, const Warp& w, const TokenRows& rows,
+                                           const Lane<INTERLEAVED, VEC>& ln, float2* warp_cs) {
+  constexpr int kRun = sizeof(T) == 4 ? CUPROPE_RUN32 : CUPROPE_RUN16;
+  // the names below; the lambda holds them by reference, like all helpers (see Warp)
+  const unsigned& s = w.s;
+  const int &e0 = ln.e0, &e1 = ln.e1;
+  const bool& two = ln.two;
+  const int &npairs = w.npairs, &lane = w.lane, &sub = w.sub, &rpw = w.rpw, &h0 = w.h0;
+  const int& heads0 = w.heads0;
+  int& c = ln.c;
+  const int hh = h0 >= heads0 ? h0 - heads0 : h0;
+  const double* freq = reinterpret_cast<const double*>(a.inv_freq_ptr) + hh * a.freq_sh;
+  const float sign = static_cast<float>(a.sin_sign), sc = static_cast<float>(a.scale);
+  // the step's rotation (rpw positions) per pair, in the warp's shared
+  // slice (cs_slot's layout): computed once per warp, and not held in
+  // registers, of which the 16-bit kernels have too few
+  for (int p = lane; p < npairs; p += 32)
+    w.my_cs[cs_slot<INTERLEAVED, VEC>(p, npairs)] = unit_rotation(rpw, freq[p], sign);
+  __syncwarp();
+  if (!ln.active) return;
+  const int s_end = static_cast<int>(min(w.n_seq, s + w.tile));
+  const bool is_k = h0 >= heads0;
+  const Row ri = rows.in(h0), ro = rows.out(h0);
+  const long long iss = is_k ? a.in_ss[1] : a.in_ss[0];
+  const long long oss = is_k ? a.out_ss[1] : a.out_ss[0];
+  const long long aux_off = rows.aux + hh * a.aux_sh;
+  [[maybe_unused]] const long long scol =
+      (static_cast<long long>(w.b) * a.heads[0] + hh) * a.head_dim;
+  using P = Pack<T, VEC>;
+  constexpr int kTokStages =
+      sizeof(T) * VEC != 16 ? 0 : sizeof(T) == 4 ? CUPROPE_RUN_STAGES32 : CUPROPE_RUN_STAGES16;
+  constexpr int kPacks = BWD ? 4 : 2;
+  [[maybe_unused]] P* ring = reinterpret_cast<P*>(warp_cs + (blockDim.x >> 5) * npairs) +
+                             (threadIdx.x >> 5) * (kPacks * kTokStages * 32) + lane;
+  [[maybe_unused]] auto issue = [&](int t, int st) {
+    if (t < s_end) {
+      const long long dt = t - static_cast<int>(s);
+      const T* src = reinterpret_cast<const T*>(ri.ptr) + ri.off + dt * iss;
+      cp_async16(ring + kPacks * st * 32, src + e0);
+      if (two) cp_async16(ring + (kPacks * st + 1) * 32, src + e1);
+      if constexpr (BWD) {
+        const T* xs = reinterpret_cast<const T*>(a.aux_ptr) + aux_off + dt * a.aux_ss;
+        cp_async16(ring + (kPacks * st + 2) * 32, xs + e0);
+        cp_async16(ring + (kPacks * st + 3) * 32, xs + e1);
+      }
+    }
+    cp_async_commit();
+  };
+  for (; c < w.chunks; c += w.cpr) {
+    ln.geometry();
+    float2 z[VEC];  // the row's cos/sin (scaled)
+    const float2* w0 = w.my_cs + cs_slot<INTERLEAVED, VEC>(ln.pair_at(0), npairs);
+    const float2* w1 = w.my_cs + cs_slot<INTERLEAVED, VEC>(ln.pair_at(VEC / 2), npairs);
+    const int wstride = cs_stride<INTERLEAVED, VEC>(npairs);
+    const int t0 = static_cast<int>(s) + sub;
+    if constexpr (kTokStages > 0) {
+#pragma unroll
+      for (int j = 0; j + 1 < kTokStages; ++j) issue(t0 + j * rpw, j);
+    }
+    int k = 0, st = 0;
+#pragma unroll 1
+    for (int t = t0; t < s_end; t += rpw, ++k) {
+      const long long dt = t - static_cast<int>(s);
+      P x0, x1;
+      [[maybe_unused]] P xa0, xa1;  // LRPE backward: x beside dO
+      if constexpr (kTokStages > 0) {
+        issue(t + (kTokStages - 1) * rpw, st == 0 ? kTokStages - 1 : st - 1);
+        cp_async_wait<kTokStages - 1>();  // row t has landed
+        x0 = ring[kPacks * st * 32];
+        if (two) x1 = ring[(kPacks * st + 1) * 32];
+        if constexpr (BWD) {
+          xa0 = ring[(kPacks * st + 2) * 32];
+          xa1 = ring[(kPacks * st + 3) * 32];
+        }
+        st = st + 1 == kTokStages ? 0 : st + 1;
+      } else {
+        x0 = load_pack<T, VEC>(ri.ptr, ri.off + dt * iss + e0);
+        if (two) x1 = load_pack<T, VEC>(ri.ptr, ri.off + dt * iss + e1);
+        if constexpr (BWD) {
+          xa0 = load_pack<T, VEC>(a.aux_ptr, aux_off + dt * a.aux_ss + e0);
+          xa1 = load_pack<T, VEC>(a.aux_ptr, aux_off + dt * a.aux_ss + e1);
+        }
+      }
+      if (ln.rot) {
+        if (k % kRun == 0) {
+          const long long pos = token_position(a, w.b, t, 0);
+#pragma unroll
+          for (int v = 0; v < VEC; ++v) {
+            const float2 u = unit_rotation(pos, freq[ln.pair_at(v)], sign);
+            z[v] = make_float2(u.x * sc, u.y * sc);
+          }
+        } else {
+#pragma unroll
+          for (int v = 0; v < VEC; ++v)
+            z[v] = compose(z[v], pair_value<INTERLEAVED, VEC>(w0, w1, wstride, v));
+        }
+        if constexpr (ACT == kActNone) {
+          rotate_chunk<T, INTERLEAVED, VEC>(x0, x1, z, z + VEC / 2, 1);
+        } else {
+          lrpe_chunk<T, VEC, ACT, BWD>(a, x0, x1, xa0, xa1, z, scol, e0, e1);
+        }
+      }
+      store_pack<T, VEC>(ro.ptr, ro.off + dt * oss + e0, x0);
+      if (two) store_pack<T, VEC>(ro.ptr, ro.off + dt * oss + e1, x1);
+    }
+  }
+}
+
+// ---------------------------------------------------------------- register rows
+// The lane loads kRows heads of its chunk into registers per trip (no ring:
+// narrower packs, the per-head source without token runs, LRPE), with its
+// cos/sin from the warp's slice (kSrcShared), per head (kSrcPerHead) or the
+// table packs loaded once per chunk (kSrcTable). Token runs branch off here
+// rather than in rope_kernel: inlined from here, their locals come before
+// these, as in the single kernel (see Warp).
+template <typename T, bool INTERLEAVED, int VEC, int SRC, int ACT, bool BWD, int kRows>
+__device__ __forceinline__ void register_rows(const RopeArgs& a, const Warp& w,
+                                              const TokenRows& rows,
+                                              const Lane<INTERLEAVED, VEC>& ln, float2* warp_cs) {
+  constexpr bool PER_HEAD = SRC == kSrcPerHead;
+  constexpr bool TABLE = SRC == kSrcTable;
+  if constexpr (PER_HEAD && ACT != kActSoftmax) {
+    if (w.runs) {
+      token_runs<T, INTERLEAVED, VEC, ACT, BWD>(a, w, rows, ln, warp_cs);
+      return;
+    }
+  }
+  // the names below; the lambda holds them by reference, like all helpers (see Warp)
+  const int &rpw = w.rpw, &h1 = w.h1;
+  const auto& in_row = rows.in;
+  const int &e0 = ln.e0, &e1 = ln.e1;
+  const bool& two = ln.two;
+  const long long& aux_base = rows.aux;
+  const int &npairs = w.npairs, &lane = w.lane, &heads0 = w.heads0;
+  const unsigned &b = w.b, &s = w.s;
+  int& c = ln.c;
+  const Stream0Position stream0_position{a, b, s};
+  const SliceCosSin<INTERLEAVED, VEC> warp_cos_sin_from{lane, npairs, a, b, s, w.my_cs};
+  const TokenCosSin<INTERLEAVED, VEC> warp_cos_sin{warp_cos_sin_from, stream0_position, lane,
+                                                   npairs, a};
+  // load the rows h, h + rpw, ... (kRows of them) of chunk c (geometry() set e0, e1, two)
+  auto load_rows = [&](int h, Pack<T, VEC> (&x)[kRows][2], Pack<T, VEC> (&xa)[kRows][2]) {
+#pragma unroll
+    for (int u = 0; u < kRows; ++u) {
+      const int hu = h + u * rpw;
+      if (hu >= h1) continue;
+      const Row r = in_row(hu);
+      x[u][0] = load_pack<T, VEC>(r.ptr, r.off + e0);
+      if (two) x[u][1] = load_pack<T, VEC>(r.ptr, r.off + e1);
+      if constexpr (BWD) {
+        const long long aoff = aux_base + hu * a.aux_sh;
+        xa[u][0] = load_pack<T, VEC>(a.aux_ptr, aoff + e0);
+        xa[u][1] = load_pack<T, VEC>(a.aux_ptr, aoff + e1);
+      }
+    }
+  };
+  if (SRC == kSrcShared) warp_cos_sin();
+  if (!ln.active) return;
+  [[maybe_unused]] long long pos0 = 0;
+  if constexpr (PER_HEAD) pos0 = stream0_position();
+
+  for (; c < w.chunks; c += w.cpr) {
+    ln.geometry();
+    float2 cs[VEC];
+    [[maybe_unused]] Pack<T, VEC> tc[2], ts[2];  // kSrcTable: cos and sin at e0 and e1
+    if (ln.rot) {
+      if constexpr (TABLE) {
+        const long long toff = b * a.pos_sb + s * a.pos_ss;
+        tc[0] = load_pack<T, VEC>(a.pos_ptr, toff + e0);
+        tc[1] = load_pack<T, VEC>(a.pos_ptr, toff + e1);
+        ts[0] = load_pack<T, VEC>(a.seq_off_ptr, toff + e0);
+        ts[1] = load_pack<T, VEC>(a.seq_off_ptr, toff + e1);
+      } else if constexpr (!PER_HEAD) {
+#pragma unroll
+        for (int v = 0; v < VEC; ++v)
+          cs[v] = w.my_cs[cs_slot<INTERLEAVED, VEC>(ln.pair_at(v), npairs)];
+      }
+    }
+    for (int h = w.h0 + w.sub; h < h1; h += ln.step) {
+      Pack<T, VEC> x[kRows][2];
+      [[maybe_unused]] Pack<T, VEC> xa[kRows][2];  // LRPE backward: x beside dO
+      load_rows(h, x, xa);
+#pragma unroll
+      for (int u = 0; u < kRows; ++u) {
+        const int hu = h + u * rpw;
+        if (hu >= h1) continue;
+        const bool is_k = hu >= heads0;
+        const int hh = is_k ? hu - heads0 : hu;
+        const long long ptr = is_k ? a.out_ptr[1] : a.out_ptr[0];
+        const long long off =
+            is_k ? rows.out.base1 + hh * a.out_sh[1] : rows.out.base0 + hh * a.out_sh[0];
+        if (ln.rot) {
+          if constexpr (PER_HEAD) {
+#pragma unroll
+            for (int v = 0; v < VEC; ++v) cs[v] = pair_cos_sin(a, b, s, ln.pair_at(v), hh, pos0);
+          }
+          if constexpr (TABLE) {
+            rotate_table<T, INTERLEAVED, VEC>(x[u][0], x[u][1], tc, ts, a.sin_sign < 0.0);
+          } else if constexpr (ACT == kActNone) {
+            rotate_chunk<T, INTERLEAVED, VEC>(x[u][0], x[u][1], cs, cs + VEC / 2, 1);
+          } else {
+            const long long scol = (static_cast<long long>(b) * a.heads[0] + hh) * a.head_dim;
+            lrpe_chunk<T, VEC, ACT, BWD>(a, x[u][0], x[u][1], xa[u][0], xa[u][1], cs, scol, e0, e1);
+          }
+        }
+        store_pack<T, VEC>(ptr, off + e0, x[u][0]);
+        if (two) store_pack<T, VEC>(ptr, off + e1, x[u][1]);
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------- head softmax
+// LRPE's softmax over the head dim: every lane stays (the row reductions
+// shuffle), with the token's cos/sin in the warp's slice for shared angles.
+template <typename T, bool INTERLEAVED, int VEC, bool PER_HEAD, bool BWD>
+__device__ __forceinline__ void softmax_rows(const RopeArgs& a, const Warp& w) {
+  const Stream0Position stream0_position{a, w.b, w.s};
+  const SliceCosSin<INTERLEAVED, VEC> warp_cos_sin_from{w.lane, w.npairs, a, w.b, w.s, w.my_cs};
+  const TokenCosSin<INTERLEAVED, VEC> warp_cos_sin{warp_cos_sin_from, stream0_position, w.lane,
+                                                   w.npairs, a};
+  if (!PER_HEAD) warp_cos_sin();
+  softmax_head_rows<T, VEC, PER_HEAD, BWD>(a, w.my_cs, w.b, w.s, w.h0, w.h1, w.npairs, w.chunks,
+                                           w.cpr, w.rpw, w.lane);
+}
+
+// ---------------------------------------------------------------- the kernel
 // SRC, the angle source:
 //   kSrcShared:  the warp computes cos/sin once per (token, pair) into its
 //                slice of shared memory (cs_slot's layout); every head of q
@@ -129,7 +614,7 @@ __device__ __forceinline__ void rotate_table(Pack<T, VEC>& p0, Pack<T, VEC>& p1,
 //   kSrcPerHead: one frequency row per head (freq_sh != 0); cos/sin per
 //                (token, head, pair). With implicit positions (tok_tile != 0)
 //                a warp owns one head of tok_tile consecutive tokens instead
-//                ("token runs"), so cos/sin advance by composition along
+//                ("token runs", token_runs), so cos/sin advance by composition along
 //                the tokens rather than by a sincos per row, and with
 //                16-byte packs the rows load through a ring of their own
 //                (NOTES.md 21-22).
@@ -141,8 +626,9 @@ __device__ __forceinline__ void rotate_table(Pack<T, VEC>& p0, Pack<T, VEC>& p1,
 // per-head (kStages > 0), the loads go through a per-warp shared-memory ring
 // (cp.async), kStages - 1 heads ahead, the first ones issued before the
 // cos/sin are computed, and cos/sin (or the table packs) are re-read from
-// shared memory per head; otherwise the lane loads kRows heads into registers
-// (benchmarks/NOTES.md 13-17 for what each choice measured).
+// shared memory per head (staged_rows); otherwise the lane loads kRows heads
+// into registers (register_rows; benchmarks/NOTES.md 13-17 for what each
+// choice measured).
 //
 // ACT, BWD (LRPE, half split, one tensor, R = D): the activation is applied to
 // x before the rotation (BWD: dx = act'(x) * R^T dO with x read from aux_ptr).
@@ -162,7 +648,9 @@ __global__ void __launch_bounds__(kThreads, (SRC == kSrcShared && ACT == kActNon
   static_assert(ACT != kActNone || !BWD, "the plain backward is the forward with -sin");
   static_assert(ACT == kActNone || SRC != kSrcTable, "LRPE computes its angles");
   constexpr bool PER_HEAD = SRC == kSrcPerHead;
-  constexpr bool TABLE = SRC == kSrcTable;
+  constexpr int kStages = (SRC != kSrcPerHead && ACT == kActNone && sizeof(T) * VEC == 16)
+                              ? (sizeof(T) == 4 ? CUPROPE_STAGES32 : CUPROPE_STAGES16)
+                              : 0;
   // [warps per block][R/2] cos/sin (kSrcShared), then the staged loads' rings
   extern __shared__ float2 warp_cs[];
 
@@ -192,346 +680,37 @@ __global__ void __launch_bounds__(kThreads, (SRC == kSrcShared && ACT == kActNon
   const unsigned b = tok / (runs ? groups : n_seq);
   const unsigned s = runs ? (tok - b * groups) * tile : tok - b * n_seq;
   float2* my_cs = warp_cs + (threadIdx.x >> 5) * npairs;
-  // the token's position in stream 0: loaded once, not once per pair (with
-  // few tokens, as in decode, the launch is one dependent chain of loads)
-  auto stream0_position = [&]() { return a.stream_map_ptr ? 0 : token_position(a, b, s, 0); };
-  // this lane's share of the token's cos/sin into the warp's slice
-  // (kSrcShared). pos0, f0: the token's stream-0 position and the inverse
-  // frequency of the lane's first pair, which the staged path loads before
-  // priming its ring
-  auto warp_cos_sin_from = [&](long long pos0, double f0) {
-    for (int p = lane; p < npairs; p += 32) {
-      const float2 cs = p == lane && !a.stream_map_ptr ? scaled_cos_sin(a, pos0, f0)
-                                                       : pair_cos_sin(a, b, s, p, 0, pos0);
-      my_cs[cs_slot<INTERLEAVED, VEC>(p, npairs)] = cs;
-    }
-    __syncwarp();
-  };
-  auto warp_cos_sin = [&]() {
-    warp_cos_sin_from(stream0_position(), lane < npairs ? inv_freq_at(a, 0, lane) : 0.0);
-  };
-  if constexpr (ACT == kActSoftmax) {  // every lane stays: the row reductions shuffle
-    if (!PER_HEAD) warp_cos_sin();
-    softmax_head_rows<T, VEC, PER_HEAD, BWD>(a, my_cs, b, s, h0, h1, npairs, chunks, cpr, rpw, lane);
+  const Warp w{npairs, chunks, cpr, rpw, lane, sub, heads0, n_seq, tile, b, s, runs, h0, h1, my_cs};
+  if constexpr (ACT == kActSoftmax) {
+    softmax_rows<T, INTERLEAVED, VEC, PER_HEAD, BWD>(a, w);
     return;
   }
   // rows (heads) a lane keeps in flight per step when it loads into registers
   // (no ring: narrower packs, the per-head source in head mode, LRPE with
   // shared angles)
   constexpr int kRows = sizeof(T) == 4 ? CUPROPE_ROWS32 : CUPROPE_ROWS16;
-  constexpr int kStages = (SRC != kSrcPerHead && ACT == kActNone && sizeof(T) * VEC == 16)
-                              ? (sizeof(T) == 4 ? CUPROPE_STAGES32 : CUPROPE_STAGES16)
-                              : 0;
   const int step = kRows * rpw;  // heads a lane advances per trip
   const bool active = sub < rpw;  // lanes left over when cpr does not divide 32 idle
-
   const long long in_base0 = b * a.in_sb[0] + s * a.in_ss[0];
   const long long in_base1 = b * a.in_sb[1] + s * a.in_ss[1];
   const long long out_base0 = b * a.out_sb[0] + s * a.out_ss[0];
   const long long out_base1 = b * a.out_sb[1] + s * a.out_ss[1];
   const long long aux_base = b * a.aux_sb + s * a.aux_ss;
-
-  // Element offsets of chunk c's packs; `two`: a second pack (every rotated
-  // chunk, and pass-through chunks of two packs). A region's chunks take its
-  // first half with their first pack and its second half with the second, so
-  // each load instruction of the warp covers whole contiguous sectors: rotated
-  // [0, R) splits at R/2 (interleaved too: pairs never straddle it, since
-  // R/2 is a multiple of VEC), pass-through [R, D) at its middle. The one
-  // exception, interleaved with one-element packs, keeps a pair's two
-  // elements side by side.
   int c = lane - sub * cpr;
-  int e0 = 0, e1 = 0;  // within a head: D < 2^31
+  int e0 = 0, e1 = 0;
   bool rot = false, two = false;
-  auto geometry = [&]() {
-    rot = c < rot_chunks;
-    two = rot || cw == 2;
-    if (rot) {
-      e0 = (INTERLEAVED && VEC == 1) ? 2 * c : c * VEC;
-      e1 = (INTERLEAVED && VEC == 1) ? e0 + 1 : e0 + npairs;
-    } else {
-      e0 = 2 * npairs + (c - rot_chunks) * VEC;
-      e1 = e0 + (chunks - rot_chunks) * VEC;  // used when cw == 2
-    }
-  };
-  // the pair of the rotated chunk at pair_slot v (geometry() set e0, e1)
-  auto pair_at = [&](int v) {
-    return INTERLEAVED ? ((2 * v < VEC ? e0 : e1) + (2 * v) % VEC) / 2 : e0 + v;
-  };
-  // (pointer, element offset) of head h's row in the inputs and outputs; h
-  // indexes the concatenated head list, so tensor 1 (k) from heads0 on
-  auto in_row = [&](int h) {
-    const bool is_k = h >= heads0;
-    return Row{is_k ? a.in_ptr[1] : a.in_ptr[0],
-               is_k ? in_base1 + (h - heads0) * a.in_sh[1] : in_base0 + h * a.in_sh[0]};
-  };
-  auto out_row = [&](int h) {
-    const bool is_k = h >= heads0;
-    return Row{is_k ? a.out_ptr[1] : a.out_ptr[0],
-               is_k ? out_base1 + (h - heads0) * a.out_sh[1] : out_base0 + h * a.out_sh[0]};
-  };
-  // load the rows h, h + rpw, ... (kRows of them) of chunk c (geometry() set e0, e1, two)
-  auto load_rows = [&](int h, Pack<T, VEC> (&x)[kRows][2], Pack<T, VEC> (&xa)[kRows][2]) {
-#pragma unroll
-    for (int u = 0; u < kRows; ++u) {
-      const int hu = h + u * rpw;
-      if (hu >= h1) continue;
-      const Row r = in_row(hu);
-      x[u][0] = load_pack<T, VEC>(r.ptr, r.off + e0);
-      if (two) x[u][1] = load_pack<T, VEC>(r.ptr, r.off + e1);
-      if constexpr (BWD) {
-        const long long aoff = aux_base + hu * a.aux_sh;
-        xa[u][0] = load_pack<T, VEC>(a.aux_ptr, aoff + e0);
-        xa[u][1] = load_pack<T, VEC>(a.aux_ptr, aoff + e1);
-      }
-    }
-  };
-
+  const ChunkGeometry<INTERLEAVED, VEC> geometry{rot, c, rot_chunks, two, cw, e0, e1, npairs,
+                                                 chunks};
+  const ChunkPairs<INTERLEAVED, VEC> pair_at{e0, e1};
+  const Rows<false> in_row{a, heads0, in_base0, in_base1};
+  const Rows<true> out_row{a, heads0, out_base0, out_base1};
+  const TokenRows rows{in_row, out_row, aux_base};
+  const Lane<INTERLEAVED, VEC> ln{active, step, c, e0, e1, rot, two, geometry, pair_at};
   if constexpr (kStages > 0) {
-    // Staged: lane slots (stage st, pack k) at ring[(2 * st + k) * 32] of the
-    // warp's ring, which follows the block's cos/sin slices (kSrcShared). Head
-    // h + j * rpw of the lane's chunk goes to stage j mod kStages, one commit
-    // group per head. kSrcTable: four more slots after the stages hold the
-    // chunk's cos (packs 0, 1) and sin (2, 3), one group issued first.
-    using P = Pack<T, VEC>;
-    constexpr int kSlots = 2 * kStages + (TABLE ? 4 : 0);
-    P* ring = reinterpret_cast<P*>(warp_cs + (TABLE ? 0 : (blockDim.x >> 5) * npairs)) +
-              (threadIdx.x >> 5) * (kSlots * 32) + lane;
-    [[maybe_unused]] P* tslot = ring + 2 * kStages * 32;
-    auto issue = [&](int h, int st) {
-      if (h < h1) {
-        const Row r = in_row(h);
-        const T* src = reinterpret_cast<const T*>(r.ptr) + r.off;
-        cp_async16(ring + 2 * st * 32, src + e0);
-        if (two) cp_async16(ring + (2 * st + 1) * 32, src + e1);
-      }
-      cp_async_commit();
-    };
-    auto prime = [&]() {
-      geometry();
-      if constexpr (TABLE) {
-        if (rot) {
-          const long long toff = b * a.pos_sb + s * a.pos_ss;
-          const T* tcos = reinterpret_cast<const T*>(a.pos_ptr) + toff;
-          const T* tsin = reinterpret_cast<const T*>(a.seq_off_ptr) + toff;
-          cp_async16(tslot, tcos + e0);
-          cp_async16(tslot + 32, tcos + e1);
-          cp_async16(tslot + 64, tsin + e0);
-          cp_async16(tslot + 96, tsin + e1);
-        }
-        cp_async_commit();
-      }
-#pragma unroll
-      for (int j = 0; j + 1 < kStages; ++j) issue(h0 + sub + j * rpw, j);
-    };
-    // the angle inputs' loads go out before the ring's: the cp.async memory
-    // clobber would keep them behind it, and in a short launch (decode) they
-    // head the chain position -> trig -> rotation
-    long long pos0 = 0;
-    double f0 = 0.0;
-    if constexpr (!TABLE) {
-      pos0 = stream0_position();
-      if (lane < npairs) f0 = inv_freq_at(a, 0, lane);
-    }
-    if (active) prime();  // in flight while the cos/sin are computed
-    if constexpr (!TABLE) warp_cos_sin_from(pos0, f0);
-    if (!active) return;
-    for (bool primed = true; c < chunks; c += cpr, primed = false) {
-      if (!primed) prime();
-      // cos/sin (or the table packs) are re-read from shared memory per head:
-      // fewer registers, and the wait's memory clobber keeps the compiler
-      // from hoisting them
-      const float2* cs0 = my_cs + cs_slot<INTERLEAVED, VEC>(pair_at(0), npairs);
-      const float2* cs1 = my_cs + cs_slot<INTERLEAVED, VEC>(pair_at(VEC / 2), npairs);
-      const int cstride = cs_stride<INTERLEAVED, VEC>(npairs);
-      int st = 0;
-      for (int h = h0 + sub; h < h1; h += rpw) {
-        issue(h + (kStages - 1) * rpw, st == 0 ? kStages - 1 : st - 1);
-        cp_async_wait<kStages - 1>();  // head h (and the tables) have landed
-        P x0 = ring[2 * st * 32], x1;
-        if (two) x1 = ring[(2 * st + 1) * 32];
-        if (rot) {
-          if constexpr (TABLE) {
-            const P tc[2] = {tslot[0], tslot[32]};
-            const P ts[2] = {tslot[64], tslot[96]};
-            rotate_table<T, INTERLEAVED, VEC>(x0, x1, tc, ts, a.sin_sign < 0.0);
-          } else {
-            rotate_chunk<T, INTERLEAVED, VEC>(x0, x1, cs0, cs1, cstride);
-          }
-        }
-        const Row r = out_row(h);
-        store_pack<T, VEC>(r.ptr, r.off + e0, x0);
-        if (two) store_pack<T, VEC>(r.ptr, r.off + e1, x1);
-        st = st + 1 == kStages ? 0 : st + 1;
-      }
-    }
+    staged_rows<T, INTERLEAVED, VEC, SRC, kStages>(a, w, rows, ln, warp_cs);
     return;
   }
-  if constexpr (PER_HEAD && ACT != kActSoftmax) {
-    if (runs) {
-      // Token runs: the warp's head h0 at its tokens [s, s_end); a lane takes
-      // every rpw-th (its rows k = 0, 1, ...). Its cos/sin are computed
-      // exactly at rows k % kRun == 0 and composed with the exact rotation by
-      // rpw positions in between (CUPROPE_RUN16/32: the error stays bounded
-      // at any position). The scale rides on the exact values (composing
-      // with a unit rotation keeps it; pair_cos_sin's value, without its
-      // stream-map branch and freq reload, which cost registers here).
-      constexpr int kRun = sizeof(T) == 4 ? CUPROPE_RUN32 : CUPROPE_RUN16;
-      const int hh = h0 >= heads0 ? h0 - heads0 : h0;
-      const double* freq = reinterpret_cast<const double*>(a.inv_freq_ptr) + hh * a.freq_sh;
-      const float sign = static_cast<float>(a.sin_sign), sc = static_cast<float>(a.scale);
-      // the step's rotation (rpw positions) per pair, in the warp's shared
-      // slice (cs_slot's layout): computed once per warp, and not held in
-      // registers, of which the 16-bit kernels have too few
-      for (int p = lane; p < npairs; p += 32)
-        my_cs[cs_slot<INTERLEAVED, VEC>(p, npairs)] = unit_rotation(rpw, freq[p], sign);
-      __syncwarp();
-      if (!active) return;
-      const int s_end = static_cast<int>(min(n_seq, s + tile));
-      const bool is_k = h0 >= heads0;
-      const Row ri = in_row(h0), ro = out_row(h0);
-      const long long iss = is_k ? a.in_ss[1] : a.in_ss[0];
-      const long long oss = is_k ? a.out_ss[1] : a.out_ss[0];
-      const long long aux_off = aux_base + hh * a.aux_sh;
-      [[maybe_unused]] const long long scol =
-          (static_cast<long long>(b) * a.heads[0] + hh) * a.head_dim;
-      // With 16-byte packs the rows load through a per-warp shared-memory
-      // ring (cp.async, kTokStages - 1 rows ahead), after the warp's step
-      // slice: the latency hides without holding rows in registers. Slots
-      // (stage st, pack k) at ring[(kPacks * st + k) * 32]: x at e0, e1, and
-      // in the LRPE backward x beside dO at e0, e1.
-      using P = Pack<T, VEC>;
-      constexpr int kTokStages =
-          sizeof(T) * VEC != 16 ? 0 : sizeof(T) == 4 ? CUPROPE_RUN_STAGES32 : CUPROPE_RUN_STAGES16;
-      constexpr int kPacks = BWD ? 4 : 2;
-      [[maybe_unused]] P* ring = reinterpret_cast<P*>(warp_cs + (blockDim.x >> 5) * npairs) +
-                                 (threadIdx.x >> 5) * (kPacks * kTokStages * 32) + lane;
-      [[maybe_unused]] auto issue = [&](int t, int st) {
-        if (t < s_end) {
-          const long long dt = t - static_cast<int>(s);
-          const T* src = reinterpret_cast<const T*>(ri.ptr) + ri.off + dt * iss;
-          cp_async16(ring + kPacks * st * 32, src + e0);
-          if (two) cp_async16(ring + (kPacks * st + 1) * 32, src + e1);
-          if constexpr (BWD) {
-            const T* xs = reinterpret_cast<const T*>(a.aux_ptr) + aux_off + dt * a.aux_ss;
-            cp_async16(ring + (kPacks * st + 2) * 32, xs + e0);
-            cp_async16(ring + (kPacks * st + 3) * 32, xs + e1);
-          }
-        }
-        cp_async_commit();
-      };
-      for (; c < chunks; c += cpr) {
-        geometry();
-        float2 z[VEC];  // the row's cos/sin (scaled)
-        const float2* w0 = my_cs + cs_slot<INTERLEAVED, VEC>(pair_at(0), npairs);
-        const float2* w1 = my_cs + cs_slot<INTERLEAVED, VEC>(pair_at(VEC / 2), npairs);
-        const int wstride = cs_stride<INTERLEAVED, VEC>(npairs);
-        const int t0 = static_cast<int>(s) + sub;
-        if constexpr (kTokStages > 0) {
-#pragma unroll
-          for (int j = 0; j + 1 < kTokStages; ++j) issue(t0 + j * rpw, j);
-        }
-        int k = 0, st = 0;
-#pragma unroll 1
-        for (int t = t0; t < s_end; t += rpw, ++k) {
-          const long long dt = t - static_cast<int>(s);
-          P x0, x1;
-          [[maybe_unused]] P xa0, xa1;  // LRPE backward: x beside dO
-          if constexpr (kTokStages > 0) {
-            issue(t + (kTokStages - 1) * rpw, st == 0 ? kTokStages - 1 : st - 1);
-            cp_async_wait<kTokStages - 1>();  // row t has landed
-            x0 = ring[kPacks * st * 32];
-            if (two) x1 = ring[(kPacks * st + 1) * 32];
-            if constexpr (BWD) {
-              xa0 = ring[(kPacks * st + 2) * 32];
-              xa1 = ring[(kPacks * st + 3) * 32];
-            }
-            st = st + 1 == kTokStages ? 0 : st + 1;
-          } else {
-            x0 = load_pack<T, VEC>(ri.ptr, ri.off + dt * iss + e0);
-            if (two) x1 = load_pack<T, VEC>(ri.ptr, ri.off + dt * iss + e1);
-            if constexpr (BWD) {
-              xa0 = load_pack<T, VEC>(a.aux_ptr, aux_off + dt * a.aux_ss + e0);
-              xa1 = load_pack<T, VEC>(a.aux_ptr, aux_off + dt * a.aux_ss + e1);
-            }
-          }
-          if (rot) {
-            if (k % kRun == 0) {
-              const long long pos = token_position(a, b, t, 0);
-#pragma unroll
-              for (int v = 0; v < VEC; ++v) {
-                const float2 u = unit_rotation(pos, freq[pair_at(v)], sign);
-                z[v] = make_float2(u.x * sc, u.y * sc);
-              }
-            } else {
-#pragma unroll
-              for (int v = 0; v < VEC; ++v)
-                z[v] = compose(z[v], pair_value<INTERLEAVED, VEC>(w0, w1, wstride, v));
-            }
-            if constexpr (ACT == kActNone) {
-              rotate_chunk<T, INTERLEAVED, VEC>(x0, x1, z, z + VEC / 2, 1);
-            } else {
-              lrpe_chunk<T, VEC, ACT, BWD>(a, x0, x1, xa0, xa1, z, scol, e0, e1);
-            }
-          }
-          store_pack<T, VEC>(ro.ptr, ro.off + dt * oss + e0, x0);
-          if (two) store_pack<T, VEC>(ro.ptr, ro.off + dt * oss + e1, x1);
-        }
-      }
-      return;
-    }
-  }
-  if (SRC == kSrcShared) warp_cos_sin();
-  if (!active) return;
-  [[maybe_unused]] long long pos0 = 0;
-  if constexpr (PER_HEAD) pos0 = stream0_position();
-
-  for (; c < chunks; c += cpr) {
-    geometry();
-    float2 cs[VEC];
-    [[maybe_unused]] Pack<T, VEC> tc[2], ts[2];  // kSrcTable: cos and sin at e0 and e1
-    if (rot) {
-      if constexpr (TABLE) {
-        const long long toff = b * a.pos_sb + s * a.pos_ss;
-        tc[0] = load_pack<T, VEC>(a.pos_ptr, toff + e0);
-        tc[1] = load_pack<T, VEC>(a.pos_ptr, toff + e1);
-        ts[0] = load_pack<T, VEC>(a.seq_off_ptr, toff + e0);
-        ts[1] = load_pack<T, VEC>(a.seq_off_ptr, toff + e1);
-      } else if constexpr (!PER_HEAD) {
-#pragma unroll
-        for (int v = 0; v < VEC; ++v) cs[v] = my_cs[cs_slot<INTERLEAVED, VEC>(pair_at(v), npairs)];
-      }
-    }
-    for (int h = h0 + sub; h < h1; h += step) {
-      Pack<T, VEC> x[kRows][2];
-      [[maybe_unused]] Pack<T, VEC> xa[kRows][2];  // LRPE backward: x beside dO
-      load_rows(h, x, xa);
-#pragma unroll
-      for (int u = 0; u < kRows; ++u) {
-        const int hu = h + u * rpw;
-        if (hu >= h1) continue;
-        const bool is_k = hu >= heads0;
-        const int hh = is_k ? hu - heads0 : hu;
-        const long long ptr = is_k ? a.out_ptr[1] : a.out_ptr[0];
-        const long long off = is_k ? out_base1 + hh * a.out_sh[1] : out_base0 + hh * a.out_sh[0];
-        if (rot) {
-          if constexpr (PER_HEAD) {
-#pragma unroll
-            for (int v = 0; v < VEC; ++v) cs[v] = pair_cos_sin(a, b, s, pair_at(v), hh, pos0);
-          }
-          if constexpr (TABLE) {
-            rotate_table<T, INTERLEAVED, VEC>(x[u][0], x[u][1], tc, ts, a.sin_sign < 0.0);
-          } else if constexpr (ACT == kActNone) {
-            rotate_chunk<T, INTERLEAVED, VEC>(x[u][0], x[u][1], cs, cs + VEC / 2, 1);
-          } else {
-            const long long scol = (static_cast<long long>(b) * a.heads[0] + hh) * a.head_dim;
-            lrpe_chunk<T, VEC, ACT, BWD>(a, x[u][0], x[u][1], xa[u][0], xa[u][1], cs, scol, e0, e1);
-          }
-        }
-        store_pack<T, VEC>(ptr, off + e0, x[u][0]);
-        if (two) store_pack<T, VEC>(ptr, off + e1, x[u][1]);
-      }
-    }
-  }
+  register_rows<T, INTERLEAVED, VEC, SRC, ACT, BWD, kRows>(a, w, rows, ln, warp_cs);
 }
 
 }  // namespace cuprope
