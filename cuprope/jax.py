@@ -1,131 +1,265 @@
-"""JAX adapter: cuprope inside ``jax.jit`` with ``jax.grad``.
+"""JAX adapter: cuprope inside ``jax.jit``, ``jax.grad``, ``jax.vmap`` and
+sharding, as a native XLA kernel launch.
 
-``rope_qk(q, k, config, positions=None, offset=0)`` and ``rope(x, config, ...)``
-run through ``jax.experimental.buffer_callback``: XLA hands over its own
-input buffers and freshly allocated output buffers, and the kernel runs on
-XLA's stream (``ctx.stream``) writing only the outputs — never a buffer JAX
-owns as an input. ``jax.custom_vjp`` attaches cuprope's backward (the
-transposed rotation). ``config`` and ``offset`` are static (a new ``offset``
-value retraces); pass ``positions`` for positions that change per step.
+* ``rope(x, config, *, positions=None, offset=0, seq_offsets=None)`` and
+  ``rope_qk(q, k, config, ...)``: shapes as ``cuprope.rope_forward`` /
+  ``cuprope.rope_qk_forward``.
+* ``rope_table(x, cos, sin, *, layout="bshd", interleaved=False)`` and
+  ``rope_qk_table(q, k, cos, sin, ...)``: as ``cuprope.tables`` (HF's
+  formula with PyTorch's roundings). cos and sin are constants to ``grad``
+  (their cotangent is zero).
+* ``rotate_1d(x, theta, *, offset=0, act="none", dim=None)``: LRPE, as
+  ``cuprope.lrpe.rotate_1d_forward``; ``theta`` must be concrete (a NumPy
+  array or list). Softmax over the sequence (``dim=1``) runs on the CPU
+  backend only.
 
-On the CPU backend the same callbacks run the NumPy backend, so everything
-here also works (slowly) without a GPU.
+Every function is differentiable (``jax.custom_vjp``: cuprope's backward
+through the same kernels), batches under ``jax.vmap`` (a leading axis of the
+rotated tensors folds into their batch dim where the layout has one and the
+other operands are not batched; otherwise the call runs once per element)
+and partitions under ``jax.sharding`` over the batch and head dims (see
+``cuprope/_core/xla_sharding.py``). ``config``, ``offset``, ``layout``,
+``interleaved``, ``theta``, ``act`` and ``dim`` are static (a new value
+retraces); pass ``positions=`` for positions that change from step to step.
+
+On a GPU the call lowers to jaxlib's GPU kernel call (the custom call that
+jax-triton launches PTX through) with cuprope's own PTX, compiled by NVRTC
+at trace time: the kernel, grid and arguments are fixed in the compiled
+program and nothing in Python runs when it executes. On the CPU backend it
+runs cuprope's NumPy backend through ``jax.pure_callback`` (bfloat16 too).
+Results under ``jit`` equal the eager call's bit for bit.
 """
 from __future__ import annotations
 
-from functools import partial
+import dataclasses
+import functools
 
 import jax
+import jax.numpy as jnp
 import numpy as np
-from jax.experimental import buffer_callback
+from jax.extend.core import Primitive
+from jax.interpreters import batching, mlir
 
-from . import api
+from . import api, lrpe, tables
+from ._core import validate, xla
 from .config import RopeConfig, config_by_key
 
-__all__ = ["rope_qk", "rope"]
+__all__ = ["rope", "rope_qk", "rope_table", "rope_qk_table", "rotate_1d"]
 
 
-_DL_CPU = 1  # DLPack device type of host memory
+@dataclasses.dataclass(frozen=True)
+class Call:
+    """Everything static about one launch (hashable: a primitive parameter).
+
+    kind: "rope" (``key`` names the RopeConfig), "table" (cos/sin tables) or
+    "lrpe" (``theta``: (rows, bytes of its float64 [rows, E] table)). The
+    primitive's operands: the rotated tensors (``n``), then positions and
+    seq_offsets when ``has_pos`` / ``has_seq`` (rope), cos and sin (table),
+    or x beside dO (the LRPE backward of an activation, ``has_x``)."""
+
+    kind: str
+    n: int
+    inverse: bool = False
+    layout: str = "bshd"
+    key: int = 0
+    offset: int = 0
+    has_pos: bool = False
+    has_seq: bool = False
+    interleaved: bool = False
+    theta: tuple = ()
+    act: str = "none"
+    dim: int | None = None
+    has_x: bool = False
+
+    def backward(self) -> "Call":
+        """The call computing this one's gradient."""
+        has_x = self.kind == "lrpe" and self.act != "none"
+        return dataclasses.replace(self, inverse=not self.inverse, has_x=has_x)
 
 
-def _on_gpu(buf) -> bool:
-    return buf.__dlpack_device__()[0] != _DL_CPU
+# ---------------------------------------------------------------- the primitive
+
+rope_p = Primitive("cuprope_rope")
+rope_p.multiple_results = True
+rope_p.def_abstract_eval(
+    lambda *args, call: [jax.core.ShapedArray(a.shape, a.dtype) for a in args[:call.n]])
+rope_p.def_impl(lambda *args, call: jax.jit(functools.partial(rope_p.bind, call=call))(*args))
 
 
-def _host_or_device(buf):
-    """A NumPy (CPU) or CuPy (GPU) view of an XLA buffer."""
-    if _on_gpu(buf):
-        import cupy
-        return cupy.asarray(buf)
-    return np.asarray(buf)
+def _host_call(call: Call, *args):
+    """The call on NumPy arrays: cuprope's NumPy backend (CPU lowering)."""
+    xs, rest = list(args[:call.n]), list(args[call.n:])
+    if call.kind == "rope":
+        pos = rest.pop(0) if call.has_pos else None
+        seq = rest.pop(0) if call.has_seq else None
+        fn = (api.rope_qk_backward if call.inverse else api.rope_qk_forward) if call.n == 2 \
+            else (api.rope_backward if call.inverse else api.rope_forward)
+        res = fn(*xs, config_by_key(call.key), positions=pos, offset=call.offset,
+                 seq_offsets=seq)
+    elif call.kind == "table":
+        fn = (tables.rope_qk_table_backward if call.inverse else tables.rope_qk_table_forward) \
+            if call.n == 2 else (tables.rope_table_backward if call.inverse
+                                 else tables.rope_table_forward)
+        res = fn(*xs, rest[0], rest[1], layout=call.layout, interleaved=call.interleaved)
+    elif call.inverse:
+        res = lrpe.rotate_1d_backward(rest[0] if call.has_x else None, xs[0],
+                                      xla.theta_table(call), offset=call.offset, act=call.act,
+                                      dim=call.dim)
+    else:
+        res = lrpe.rotate_1d_forward(xs[0], xla.theta_table(call), offset=call.offset,
+                                     act=call.act, dim=call.dim)
+    return tuple(np.asarray(r) for r in (res if isinstance(res, tuple) else (res,)))
 
 
-def _stream(ctx, buf):
-    """XLA's stream on GPU (ctx.stream raises on the CPU backend)."""
-    return ctx.stream if _on_gpu(buf) else None
+def _lower_cpu(ctx, *args, call):
+    shapes = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in ctx.avals_out]
+
+    def run(*a):
+        return jax.pure_callback(functools.partial(_host_call, call), shapes, *a)
+    return mlir.lower_fun(run, multiple_results=True)(ctx, *args)
 
 
-def _qk_callback(ctx, out, q, k, *pos, key, offset, inverse):
-    fn = api.rope_qk_backward if inverse else api.rope_qk_forward
-    stream = _stream(ctx, q)
-    fn(_host_or_device(q), _host_or_device(k), config_by_key(key),
-       positions=_host_or_device(pos[0]) if pos else None, offset=offset,
-       out=(_host_or_device(out[0]), _host_or_device(out[1])), stream=stream)
+mlir.register_lowering(rope_p, _lower_cpu, platform="cpu")
+mlir.register_lowering(rope_p, xla.lower_cuda, platform="cuda")
 
 
-def _x_callback(ctx, out, x, *pos, key, offset, inverse):
-    fn = api.rope_backward if inverse else api.rope_forward
-    stream = _stream(ctx, x)
-    fn(_host_or_device(x), config_by_key(key),
-       positions=_host_or_device(pos[0]) if pos else None, offset=offset,
-       out=_host_or_device(out), stream=stream)
+# ---------------------------------------------------------------- vmap
+
+_NOT_MAPPED = getattr(batching, "not_mapped", None)  # an unbatched operand's dim
+
+def _foldable(call, args, dims):
+    """True when a batch axis of the rotated tensors can join their batch dim:
+    every rotated tensor (and LRPE's x) batched, nothing else, and nothing
+    that is laid out per batch (positions ``[B, S]``, seq_offsets, per-batch
+    tables)."""
+    mapped = [d is not _NOT_MAPPED for d in dims]
+    n = call.n + (1 if call.has_x else 0)
+    if not all(mapped[:n]) or any(mapped[n:]) or call.layout == "thd":
+        return False
+    if call.kind == "rope":
+        rest = args[call.n:]
+        return not call.has_seq and (not call.has_pos or rest[0].ndim == 1
+                                     or (config_by_key(call.key).n_streams > 1
+                                         and rest[0].ndim == 2))
+    if call.kind == "table":
+        return args[call.n].ndim == 2 or args[call.n].shape[0] == 1
+    return True
 
 
-def _qk_call(q, k, positions, key, offset, inverse):
-    types = (jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct(k.shape, k.dtype))
-    cb = buffer_callback.buffer_callback(
-        partial(_qk_callback, key=key, offset=offset, inverse=inverse), types)
-    args = (q, k) if positions is None else (q, k, positions)
-    return cb(*args)
+def _batch(args, dims, *, call):
+    size = next(a.shape[d] for a, d in zip(args, dims) if d is not _NOT_MAPPED)
+    args = [a if d is _NOT_MAPPED else jnp.moveaxis(a, d, 0) for a, d in zip(args, dims)]
+    if _foldable(call, args, dims):
+        n = call.n + (1 if call.has_x else 0)
+        folded = [a.reshape((-1,) + a.shape[2:]) for a in args[:n]] + list(args[n:])
+        out = rope_p.bind(*folded, call=call)
+        return [o.reshape((size, -1) + o.shape[1:]) for o in out], [0] * call.n
+    mapped = [i for i, d in enumerate(dims) if d is not _NOT_MAPPED]
+
+    def one(elems):
+        full = list(args)
+        for i, e in zip(mapped, elems):
+            full[i] = e
+        return tuple(rope_p.bind(*full, call=call))
+    return list(jax.lax.map(one, tuple(args[i] for i in mapped))), [0] * call.n
 
 
-def _x_call(x, positions, key, offset, inverse):
-    cb = buffer_callback.buffer_callback(
-        partial(_x_callback, key=key, offset=offset, inverse=inverse),
-        jax.ShapeDtypeStruct(x.shape, x.dtype))
-    return cb(x) if positions is None else cb(x, positions)
+batching.primitive_batchers[rope_p] = _batch
 
 
-@partial(jax.custom_vjp, nondiff_argnums=(3, 4))
-def _rope_qk(q, k, positions, key, offset):
-    return _qk_call(q, k, positions, key, offset, False)
+# ---------------------------------------------------------------- autodiff
+
+def _zero_cotangent(a):
+    if jnp.issubdtype(a.dtype, jnp.integer):
+        return np.zeros(a.shape, dtype=jax.dtypes.float0)
+    return jnp.zeros_like(a)
 
 
-def _rope_qk_fwd(q, k, positions, key, offset):
-    return _qk_call(q, k, positions, key, offset, False), positions
+def _bind(call, xs, extras):
+    xla.check_avals(call, [jax.typeof(a) for a in tuple(xs) + tuple(extras)])
+    return tuple(rope_p.bind(*xs, *extras, call=call))
 
 
-def _rope_qk_bwd(key, offset, positions, g):
-    dq, dk = _qk_call(g[0], g[1], positions, key, offset, True)
-    return dq, dk, None
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _apply(call, xs, extras):
+    return _bind(call, xs, extras)
 
 
-_rope_qk.defvjp(_rope_qk_fwd, _rope_qk_bwd)
+def _apply_fwd(call, xs, extras):
+    saved = xs[0] if call.kind == "lrpe" and call.act != "none" else None
+    return _bind(call, xs, extras), (extras, saved)
 
 
-@partial(jax.custom_vjp, nondiff_argnums=(2, 3))
-def _rope(x, positions, key, offset):
-    return _x_call(x, positions, key, offset, False)
+def _apply_bwd(call, res, grads):
+    extras, saved = res
+    back = call.backward()
+    more = (saved,) if back.has_x else ()
+    dxs = _bind(back, tuple(grads), tuple(extras) + more)
+    return dxs, tuple(_zero_cotangent(e) for e in extras)
 
 
-def _rope_fwd(x, positions, key, offset):
-    return _x_call(x, positions, key, offset, False), positions
+_apply.defvjp(_apply_fwd, _apply_bwd)
 
 
-def _rope_bwd(key, offset, positions, g):
-    return _x_call(g, positions, key, offset, True), None
+# ---------------------------------------------------------------- public
 
-
-_rope.defvjp(_rope_fwd, _rope_bwd)
-
-
-def _check(config, offset):
-    if not isinstance(config, RopeConfig):
-        raise TypeError(f"config must be a cuprope.RopeConfig, got {type(config).__name__}")
-    if isinstance(offset, bool) or not isinstance(offset, (int, np.integer)):
+def _offset(offset):
+    if isinstance(offset, (bool, np.bool_)) or not isinstance(offset, (int, np.integer)):
         raise TypeError("offset must be a Python int under jax (static); pass positions= for "
                         "positions that change from call to call")
-    return config.key, int(offset)
+    return validate.as_offset(offset)
 
 
-def rope_qk(q, k, config: RopeConfig, *, positions=None, offset: int = 0):
-    """Differentiable, jit-able fused q/k RoPE on JAX arrays (shapes as
-    ``cuprope.rope_qk_forward``). Returns (q_rot, k_rot)."""
-    key, offset = _check(config, offset)
-    return _rope_qk(q, k, positions, key, offset)
+def _rope_call(config, xs, positions, offset, seq_offsets):
+    if not isinstance(config, RopeConfig):
+        raise TypeError(f"config must be a cuprope.RopeConfig, got {type(config).__name__}")
+    call = Call("rope", len(xs), layout=config.layout, key=config.key, offset=_offset(offset),
+                has_pos=positions is not None, has_seq=seq_offsets is not None)
+    extras = tuple(e for e in (positions, seq_offsets) if e is not None)
+    return _apply(call, tuple(xs), extras)
 
 
-def rope(x, config: RopeConfig, *, positions=None, offset: int = 0):
+def rope(x, config: RopeConfig, *, positions=None, offset: int = 0, seq_offsets=None):
     """Differentiable, jit-able single-tensor RoPE on JAX arrays."""
-    key, offset = _check(config, offset)
-    return _rope(x, positions, key, offset)
+    return _rope_call(config, (x,), positions, offset, seq_offsets)[0]
+
+
+def rope_qk(q, k, config: RopeConfig, *, positions=None, offset: int = 0, seq_offsets=None):
+    """Differentiable, jit-able fused q/k RoPE on JAX arrays. Returns (q_rot, k_rot)."""
+    return _rope_call(config, (q, k), positions, offset, seq_offsets)
+
+
+def _table_call(xs, cos, sin, layout, interleaved):
+    call = Call("table", len(xs), layout=layout, interleaved=bool(interleaved))
+    return _apply(call, tuple(xs), (cos, sin))
+
+
+def rope_table(x, cos, sin, *, layout: str = "bshd", interleaved: bool = False):
+    """``x * cos + rotate_half(x) * sin`` with the caller's tables (``cuprope.tables``)."""
+    return _table_call((x,), cos, sin, layout, interleaved)[0]
+
+
+def rope_qk_table(q, k, cos, sin, *, layout: str = "bshd", interleaved: bool = False):
+    """q and k by the caller's cos/sin tables, one launch. Returns (q_rot, k_rot)."""
+    return _table_call((q, k), cos, sin, layout, interleaved)
+
+
+def rotate_1d(x, theta, *, offset: int = 0, act: str = "none", dim=None):
+    """LRPE rotate-1d: ``rotate(act(x, dim))`` (``cuprope.lrpe``); x ``[B, N, H, D]``
+    or ``[B, N, D]``, theta concrete."""
+    if isinstance(theta, jax.core.Tracer):
+        raise TypeError("theta must be concrete under jax (a NumPy array or list): its table "
+                        "is fixed when the call is traced")
+    if x.ndim not in (3, 4):
+        raise ValueError(f"x must be [B, N, H, D] or [B, N, D], got shape {tuple(x.shape)}")
+    heads = x.shape[2] if x.ndim == 4 else 1
+    theta2 = lrpe.normalize_theta(np.asarray(theta), heads, x.shape[-1])
+    if act not in lrpe.ACTS:
+        raise ValueError(f"act must be one of {lrpe.ACTS}, got {act!r}")
+    if dim not in (None, -1, 1):
+        raise ValueError(f"dim must be None, -1 (the head dim) or 1 (the sequence dim), "
+                         f"got {dim!r}")
+    call = Call("lrpe", 1, layout="bshd" if x.ndim == 4 else "bsd", offset=_offset(offset),
+                theta=(theta2.shape[0], theta2.tobytes()), act=act,
+                dim=None if dim is None else int(dim))
+    return _apply(call, (x,), ())[0]

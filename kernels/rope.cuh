@@ -637,13 +637,18 @@ __device__ __forceinline__ void softmax_rows(const RopeArgs& a, const Warp& w) {
 // Blocks that must fit an SM at once (CUPROPE_MIN_BLOCKS*, a register cap):
 // the plain shared-angle kernels, and the per-head plain and elementwise LRPE
 // kernels by element size and direction; the others are uncapped.
-template <typename T, bool INTERLEAVED, int VEC, int SRC, int ACT = kActNone, bool BWD = false>
-__global__ void __launch_bounds__(kThreads, (SRC == kSrcShared && ACT == kActNone) ? CUPROPE_MIN_BLOCKS
-                                            : SRC != kSrcPerHead || ACT > kActSilu ? 1
-                                            : BWD            ? CUPROPE_MIN_BLOCKS_PH_BWD
-                                            : sizeof(T) == 4 ? CUPROPE_MIN_BLOCKS_PH32
-                                                             : CUPROPE_MIN_BLOCKS_PH16)
-    rope_kernel(const RopeArgs a) {
+template <typename T, int SRC, int ACT, bool BWD>
+__host__ __device__ constexpr int rope_min_blocks() {
+  return (SRC == kSrcShared && ACT == kActNone) ? CUPROPE_MIN_BLOCKS
+         : SRC != kSrcPerHead || ACT > kActSilu ? 1
+         : BWD                                  ? CUPROPE_MIN_BLOCKS_PH_BWD
+         : sizeof(T) == 4                       ? CUPROPE_MIN_BLOCKS_PH32
+                                                : CUPROPE_MIN_BLOCKS_PH16;
+}
+
+// The kernel's body, shared with the flat entry points (kernels/flat.cuh).
+template <typename T, bool INTERLEAVED, int VEC, int SRC, int ACT, bool BWD>
+__device__ __forceinline__ void rope_body(const RopeArgs& a) {
   static_assert(ACT == kActNone || !INTERLEAVED, "LRPE pairs are half split");
   static_assert(ACT != kActNone || !BWD, "the plain backward is the forward with -sin");
   static_assert(ACT == kActNone || SRC != kSrcTable, "LRPE computes its angles");
@@ -711,6 +716,12 @@ __global__ void __launch_bounds__(kThreads, (SRC == kSrcShared && ACT == kActNon
     return;
   }
   register_rows<T, INTERLEAVED, VEC, SRC, ACT, BWD, kRows>(a, w, rows, ln, warp_cs);
+}
+
+template <typename T, bool INTERLEAVED, int VEC, int SRC, int ACT = kActNone, bool BWD = false>
+__global__ void __launch_bounds__(kThreads, rope_min_blocks<T, SRC, ACT, BWD>())
+    rope_kernel(const RopeArgs a) {
+  rope_body<T, INTERLEAVED, VEC, SRC, ACT, BWD>(a);
 }
 
 }  // namespace cuprope

@@ -1,10 +1,10 @@
-"""The JAX adapter under jax.jit and jax.grad: on the CPU backend here (NumPy
-backend inside the buffer callback), on the GPU too when one is visible."""
+"""The JAX adapter under jax.jit, jax.grad and jax.vmap: on the CPU backend here
+(the NumPy backend through jax.pure_callback), on the GPU too when one is
+visible (tests/test_gpu_jax.py holds the GPU-only checks)."""
 import numpy as np
 import pytest
 
 jax = pytest.importorskip("jax")
-pytest.importorskip("jax.experimental.buffer_callback")
 import jax.numpy as jnp  # noqa: E402
 
 import cuprope  # noqa: E402
@@ -57,3 +57,54 @@ def test_offset_must_be_static_int():
     cfg = cuprope.RopeConfig(8)
     with pytest.raises(TypeError, match="offset"):
         cjax.rope(jnp.ones((1, 2, 1, 8)), cfg, offset=jnp.int32(3))
+
+
+def test_bfloat16_and_vmap_on_the_cpu_backend():
+    """bf16 host buffers reach the NumPy backend; a vmapped call (folded into
+    the batch, or looped when positions are batched) equals the calls one by one."""
+    cpu = jax.devices("cpu")[0]
+    rng = np.random.default_rng(3)
+    cfg = cuprope.RopeConfig(16)
+    x = jax.device_put(jnp.asarray(rng.standard_normal((3, 2, 5, 2, 16)), jnp.bfloat16), cpu)
+    pos = jax.device_put(jnp.asarray(rng.integers(0, 99, (3, 5)), jnp.int32), cpu)
+    folded = jax.jit(jax.vmap(lambda x: cjax.rope(x, cfg, offset=4)))(x)
+    looped = jax.jit(jax.vmap(lambda x, p: cjax.rope(x, cfg, positions=p)))(x, pos)
+    assert folded.dtype == jnp.bfloat16
+    for v in range(3):
+        np.testing.assert_array_equal(np.asarray(folded[v]),
+                                      np.asarray(cuprope.rope_forward(x[v], cfg, offset=4)))
+        np.testing.assert_array_equal(np.asarray(looped[v]),
+                                      np.asarray(cuprope.rope_forward(x[v], cfg, positions=pos[v])))
+
+
+def test_tables_and_lrpe_on_the_cpu_backend():
+    from cuprope import lrpe, tables
+    rng = np.random.default_rng(4)
+    q = jnp.asarray(rng.standard_normal((1, 6, 2, 8)), jnp.float32)
+    cos = jnp.asarray(rng.uniform(-1, 1, (6, 8)), jnp.float32)
+    sin = jnp.asarray(rng.uniform(-1, 1, (6, 8)), jnp.float32)
+    got = jax.jit(lambda q: cjax.rope_table(q, cos, sin))(q)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(tables.rope_table_forward(q, cos, sin)))
+    g = jax.grad(lambda q: jnp.sum(cjax.rope_table(q, cos, sin) * 2.0))(q)
+    np.testing.assert_array_equal(np.asarray(g), np.asarray(
+        tables.rope_table_backward(jnp.full_like(q, 2.0), cos, sin)))
+    theta = np.linspace(0.1, 1.0, 3)
+    y = jax.jit(lambda q: cjax.rotate_1d(q, theta, offset=2, act="silu"))(q)
+    np.testing.assert_array_equal(np.asarray(y), np.asarray(
+        lrpe.rotate_1d_forward(q, theta, offset=2, act="silu")))
+    gx = jax.grad(lambda q: jnp.sum(cjax.rotate_1d(q, theta, offset=2, act="silu")))(q)
+    np.testing.assert_array_equal(np.asarray(gx), np.asarray(
+        lrpe.rotate_1d_backward(q, jnp.ones_like(q), theta, offset=2, act="silu")))
+
+
+def test_bad_shapes_are_refused_when_traced():
+    cfg = cuprope.RopeConfig(8)
+    q, k = jnp.ones((1, 4, 2, 8)), jnp.ones((1, 5, 1, 8))
+    with pytest.raises(ValueError, match="same batch and sequence sizes"):
+        jax.jit(lambda q, k: cjax.rope_qk(q, k, cfg)).lower(q, k)
+    with pytest.raises(ValueError, match="positions must have shape"):
+        jax.jit(lambda q: cjax.rope(q, cfg, positions=jnp.arange(3))).lower(q)
+    with pytest.raises(ValueError, match="offset out of range"):
+        cjax.rope(q, cfg, offset=2 ** 31)
+    with pytest.raises(TypeError, match="theta must be concrete"):
+        jax.jit(lambda q, t: cjax.rotate_1d(q, t))(q, jnp.ones(4))

@@ -201,3 +201,17 @@ def test_steps_cap_grows_with_the_prologue():
     assert launch.steps_cap(_loader.SRC_SHARED, 128, 0) == 2 * base
     assert launch.steps_cap(_loader.SRC_SHARED, 64, 0xdead) == 2 * base
     assert launch.steps_cap(_loader.SRC_TABLE, 128, 0) == launch.MAX_STEPS[_loader.SRC_TABLE]
+
+
+def test_flat_entries_compile():
+    """The flat entry points (kernels/flat.cuh) that cuprope.jax launches: one
+    per angle source, dtype and pairing at the widest vector, and the LRPE
+    dialect's fused backward."""
+    names = [_loader.flat_kernel_name(dt, il, _loader.vec_widths(dt)[0], src)
+             for dt in _loader.DTYPE_CTYPES for il in (False, True)
+             for src in (_loader.SRC_SHARED, _loader.SRC_PER_HEAD, _loader.SRC_TABLE)]
+    names.append(_loader.flat_kernel_name("bfloat16", False, 8, _loader.SRC_PER_HEAD,
+                                          _loader.LRPE_ACTS["silu"], True))
+    lowered, nbytes, log = _compile("sm_90", names)
+    assert all(lowered.values()) and len(set(lowered.values())) == len(names)
+    assert "warning" not in log.lower(), log

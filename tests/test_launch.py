@@ -71,3 +71,18 @@ def test_flat_order_takes_every_pointer_first_inputs_before_outputs():
     assert not any(names[s].endswith("_ptr") for s in args.FLAT_WORDS)
     outs = [i for i, r in enumerate(args.FLAT_POINTERS) if r.startswith(("out_", "stats"))]
     assert outs == list(range(len(args.FLAT_POINTERS) - len(outs), len(args.FLAT_POINTERS)))
+
+
+def test_flat_entry_signature_and_struct_words_follow_the_flat_order():
+    """kernels/flat.cuh: its parameters are FLAT_POINTERS then w<slot> for
+    FLAT_WORDS, and it rebuilds the struct with each word at its slot."""
+    src = loader.kernel_sources()["flat.cuh"]
+    sig = re.search(r"rope_flat_kernel\(([^)]*)\)", src).group(1)
+    params = [p.split()[-1] for p in sig.split(",")]
+    pointer_names = [r.replace("_ptr0", "0").replace("_ptr1", "1").replace("_ptr", "")
+                     for r in args.FLAT_POINTERS]
+    assert params == pointer_names + [f"w{i}" for i in args.FLAT_WORDS]
+    init = re.search(r"words\[45\] = \{([^}]*)\}", src).group(1)
+    words = [w.strip() for w in init.split(",")]
+    by_slot = dict(zip(args.FLAT_POINTER_SLOTS, pointer_names))
+    assert words == [by_slot.get(i, f"w{i}") for i in range(len(words))]

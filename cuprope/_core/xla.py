@@ -1,0 +1,203 @@
+"""The CUDA lowering of ``cuprope.jax``: one cuprope launch as jaxlib's GPU
+kernel call.
+
+jaxlib registers ``triton_kernel_call`` with XLA: a custom call whose opaque
+data names a PTX entry, its grid, block (warps), shared memory and flat
+parameters, each either an XLA buffer (taken in buffer order: operands, then
+results) or a scalar. cuprope's kernels take one ``RopeArgs`` struct, which no
+flat parameter list can carry, so each instantiation also has a flat entry
+(``kernels/flat.cuh``): the struct's ten pointers first, in XLA's buffer order
+(``args.FLAT_POINTERS``), then its other 35 words in struct order. Every
+word is fixed here, at lowering time, from the avals and the static call;
+the pointers come from XLA when the program runs.
+"""
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+
+from . import args, launch, loader, ptx, validate
+from .layout import LAYOUTS, canon_sizes, canon_strides
+
+
+def theta_table(call) -> np.ndarray:
+    """LRPE's θ of a static call, float64 ``[rows, E]``."""
+    rows, flat = call.theta
+    return np.frombuffer(flat, dtype=np.float64).reshape(rows, -1)
+
+
+class _Aval:
+    """An aval as the validation layer reads an array: row-major, on device 0."""
+
+    kind, device, ptr = "jax", 0, 0
+
+    def __init__(self, aval):
+        self.shape = tuple(aval.shape)
+        self.dtype = np.dtype(aval.dtype).name
+        self.itemsize = np.dtype(aval.dtype).itemsize
+        self.strides = _row_major(self.shape)
+
+    @property
+    def size(self):
+        return int(np.prod(self.shape))
+
+
+def check_avals(call, avals):
+    """The eager call's checks (cuprope._core.validate) on traced operands."""
+    from ..config import config_by_key
+    infos = [_Aval(a) for a in avals]
+    xs, rest = infos[:call.n], infos[call.n:]
+    names = ("q", "k") if call.n == 2 else ("x",)
+    if call.kind == "rope":
+        cfg = config_by_key(call.key)
+        rows = cfg.inv_freq.shape[0] if cfg.per_head else None
+        b, s, _ = validate.check_rotated(xs, names, cfg.layout, cfg.rotary_dim, rows)
+        pos = rest[0] if call.has_pos else None
+        seq = rest[-1] if call.has_seq else None
+        validate.check_indices(cfg, 0, b, s, pos, seq)
+    elif call.kind == "table":
+        if call.layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {LAYOUTS}, got {call.layout!r}")
+        validate.check_float(rest[0], "cos")
+        r = validate.table_rotary_dim(rest[0])
+        b, s, _ = validate.check_rotated(xs, names, call.layout, r)
+        validate.check_tables(rest[0], rest[1], xs[0], b, s, call.layout)
+    else:
+        validate.check_rotate_1d(xs[0], "x")
+        b, n = xs[0].shape[:2]
+        validate.check_tokens(b * n, "B*N")
+        if call.offset < 0 or (n and call.offset + n - 1 > validate.MAX_POSITION):
+            raise ValueError(f"offset must be >= 0 with offset + N - 1 <= 2**31 - 1, got "
+                             f"offset {call.offset} for N = {n}")
+        if call.has_x and (rest[0].shape != xs[0].shape or rest[0].dtype != xs[0].dtype):
+            raise ValueError("x and do must have the same shape and dtype")
+
+
+def _row_major(shape):
+    """Element strides of a row-major array (XLA's layout for these operands)."""
+    st, acc = [], 1
+    for n in reversed(shape):
+        st.append(acc)
+        acc *= n
+    return tuple(reversed(st))
+
+
+def _tensor(aval, layout):
+    """A TensorPlan of an XLA buffer: row-major, and aligned (the flat entry's
+    array parameters make XLA check the alignment the vector width assumes)."""
+    st = canon_strides(_row_major(aval.shape), layout)
+    return launch.TensorPlan(0, 0, st, st, canon_sizes(aval.shape, layout)[2])
+
+
+def _plan(call, avals):
+    """(Launch, the XLA inputs by pointer role: an operand index or a host
+    table to embed as a constant)."""
+    from ..config import config_by_key
+    xs = avals[:call.n]
+    layout = call.layout
+    b, s, _ = canon_sizes(xs[0].shape, layout)
+    d = xs[0].shape[-1]
+    inputs = {"in_ptr0": 0, "in_ptr1": 1} if call.n == 2 else {"in_ptr0": 0}
+    rest = iter(range(call.n, len(avals)))
+    kw = dict(dtype=np.dtype(xs[0].dtype).name, plans=[_tensor(a, layout) for a in xs],
+              n_batch=b, n_seq=s, head_dim=d, copy_rest=True, pos=None, seq_off=None,
+              inv_freq_ptr=0, freq_sh=0, stream_map_ptr=0, scale=1.0,
+              sin_sign=-1.0 if call.inverse else 1.0)
+    if call.kind == "rope":
+        cfg = config_by_key(call.key)
+        if call.has_pos:
+            inputs["pos_ptr"] = i = next(rest)
+            p = avals[i]
+            st, shape = _row_major(p.shape), p.shape
+            s_stream = 0
+            if cfg.n_streams > 1:
+                s_stream, st, shape = st[0], st[1:], shape[1:]
+            sb, ss = (0, st[0]) if len(shape) == 1 else st
+            kw["pos"] = (int(np.dtype(p.dtype) == np.int64), s_stream, sb, ss)
+        if call.has_seq:
+            inputs["seq_off_ptr"] = i = next(rest)
+            kw["seq_off"] = np.dtype(avals[i].dtype) == np.int64
+        inputs["inv_freq_ptr"] = cfg.inv_freq
+        if cfg.stream_map is not None:
+            inputs["stream_map_ptr"] = cfg.stream_map
+        kw.update(interleaved=cfg.interleaved, rot_dim=cfg.rotary_dim, scale=cfg.scale,
+                  inv_freq_ptr=1, stream_map_ptr=int(cfg.stream_map is not None),
+                  freq_sh=cfg.rotary_dim // 2 if cfg.per_head else 0)
+    elif call.kind == "table":
+        inputs["pos_ptr"], inputs["seq_off_ptr"] = next(rest), next(rest)  # cos, sin
+        c = avals[inputs["pos_ptr"]]
+        st = _row_major(c.shape)
+        tb, ts = (0, st[0]) if len(c.shape) == 2 else ((st[0] if c.shape[0] > 1 else 0), st[1])
+        kw.update(interleaved=call.interleaved, rot_dim=c.shape[-1], table=(0, 0, tb, ts))
+    else:
+        theta = theta_table(call)
+        table = np.zeros((theta.shape[0], d // 2))
+        table[:, :theta.shape[1]] = theta  # angle 0: the pair passes through exactly
+        inputs["inv_freq_ptr"] = table
+        act = (loader.LRPE_ACTS["softmax_seq"] if call.act == "softmax" and call.dim == 1
+               else loader.LRPE_ACTS.get(call.act, 0))
+        fused_x = call.inverse and act != 0
+        kw.update(interleaved=False, rot_dim=d, copy_rest=False, act=act, backward_act=fused_x,
+                  inv_freq_ptr=1, freq_sh=d // 2 if table.shape[0] > 1 else 0)
+        if fused_x:
+            inputs["aux_ptr"] = i = next(rest)
+            kw["aux"] = _tensor(avals[i], layout)
+    return launch.plan_launch(sms=_sm_count(), **kw), inputs
+
+
+def _sm_count():
+    """The GPU's multiprocessor count (the grid is sized for it, as the eager
+    path sizes it from CuPy's device properties)."""
+    import jax
+    return int(getattr(jax.devices("cuda")[0], "core_count", 0) or launch.sm_count(0))
+
+
+def lower_cuda(ctx, *ins, call):
+    """The lowering rule: a ``triton_kernel_call`` custom call whose operands
+    are the inputs in pointer-role order (embedded tables as constants)."""
+    from jax._src.interpreters import mlir as _mlir
+    from jax._src.lib import gpu_triton as kc
+    from jax._src.lib.mlir import ir
+    from jax.interpreters import mlir
+
+    spec, inputs = _plan(call, ctx.avals_in)
+    if spec.pre is not None:
+        raise NotImplementedError("cuprope.jax: LRPE's softmax over the sequence (dim=1) needs "
+                                  "a statistics pass that the GPU kernel call cannot launch")
+    cc = kc.get_compute_capability(0)
+    text, entry = ptx.compile_ptx(loader.flat_kernel_name(*spec.key), cc)
+    align = spec.vec * np.dtype(ctx.avals_in[0].dtype).itemsize
+    vector_roles = {"in_ptr0", "in_ptr1", "aux_ptr", "out_ptr0", "out_ptr1"}
+    if call.kind == "table":
+        vector_roles |= {"pos_ptr", "seq_off_ptr"}  # the cos and sin tables
+    operands, layouts, params = [], [], []
+    outputs = {"out_ptr0", "out_ptr1"} if call.n == 2 else {"out_ptr0"}
+    for role in args.FLAT_POINTERS:
+        src = inputs.get(role)
+        if src is None and role not in outputs:
+            params.append(kc.create_scalar_parameter(0, "u64"))
+            continue
+        params.append(kc.create_array_parameter(
+            0, align if role in vector_roles else 8 if role == "inv_freq_ptr" else 0))
+        if role in outputs:
+            continue
+        if isinstance(src, int):
+            operands.append(ins[src])
+            layouts.append(list(reversed(range(len(ctx.avals_in[src].shape)))))
+        else:  # a host table, bit for bit (float64 as uint32 words: no x64 needed)
+            table = np.ascontiguousarray(src)
+            operands.append(mlir.ir_constant(np.frombuffer(table.tobytes(), dtype=np.uint32)))
+            layouts.append([0])
+    words = np.frombuffer(spec.args, dtype=np.int64).copy()
+    words[args.ARGS_SLOTS["offset"]] = call.offset
+    params += [kc.create_scalar_parameter(int(words[i]), "i64") for i in args.FLAT_WORDS]
+    kernel = kc.TritonKernel(entry, spec.block[0] // 32, 1, spec.smem, text, "", cc)
+    kcall = kc.TritonKernelCall(kernel, *spec.grid, params)
+    out_types = [ir.RankedTensorType.get(a.shape, mlir.dtype_to_ir_type(a.dtype))
+                 for a in ctx.avals_out]
+    return _mlir.custom_call(
+        "triton_kernel_call", result_types=out_types, operands=operands,
+        backend_config=zlib.compress(kcall.to_proto(entry, b"")), api_version=2,
+        operand_layouts=layouts,
+        result_layouts=[list(reversed(range(len(a.shape)))) for a in ctx.avals_out]).results

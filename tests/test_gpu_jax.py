@@ -1,0 +1,154 @@
+"""cuprope.jax on a GPU: the native kernel call under jit, grad, vmap and XLA's
+command buffers, against the eager cuprope call on the same arrays (bit for
+bit) and the float64 reference (skipped with a reason where there is no GPU)."""
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import HAS_GPU
+
+jax = pytest.importorskip("jax")
+import jax.numpy as jnp  # noqa: E402
+
+import cuprope  # noqa: E402
+from cuprope import jax as cjax  # noqa: E402
+from cuprope import lrpe, scaling, tables  # noqa: E402
+from oracle import assert_matches, expected  # noqa: E402
+
+
+def _jax_gpu():
+    try:
+        return bool(jax.devices("gpu")) and HAS_GPU
+    except RuntimeError:
+        return False
+
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not _jax_gpu(), reason="no GPU visible to both JAX and CuPy")]
+
+DTYPES = ["bfloat16", "float16", "float32"]
+
+
+def _rand(rng, shape, dtype):
+    x = rng.standard_normal(shape).astype(np.float32)
+    return jnp.asarray(x, dtype=dtype)
+
+
+def _same(a, b):
+    a, b = np.asarray(a), np.asarray(b)
+    assert a.dtype == b.dtype and a.shape == b.shape
+    np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))
+
+
+CASES = {
+    "bshd-gqa": (cuprope.RopeConfig(64, base=5e5), (2, 33, 4, 64), (2, 33, 2, 64), "bs"),
+    "bhsd-partial-interleaved": (cuprope.RopeConfig(32, interleaved=True, layout="bhsd"),
+                                 (2, 4, 17, 48), (2, 1, 17, 48), "s"),
+    "thd": (cuprope.RopeConfig(128, layout="thd", scale=0.75), (40, 4, 128), (40, 2, 128), "t"),
+    "per-head": (cuprope.RopeConfig(64, inv_freq=np.random.default_rng(0).uniform(0, 1, (3, 32))),
+                 (1, 70, 3, 64), (1, 70, 3, 64), None),
+    "mrope": (scaling.mrope_config([8, 12, 12], base=1e6), (2, 9, 4, 64), (2, 9, 2, 64), "3s"),
+}
+
+
+def _positions(kind, b, s, rng):
+    if kind is None:
+        return None
+    if kind == "bs":
+        return jnp.asarray(rng.integers(0, 2 ** 31 - 1, (b, s)).astype(np.int32))
+    if kind == "3s":
+        return jnp.asarray(rng.integers(0, 5000, (3, s)).astype(np.int32))
+    return jnp.asarray(rng.integers(0, 100000, (s,)).astype(np.int32))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", list(CASES))
+def test_jit_forward_and_grad_equal_the_eager_calls(case, dtype, rng):
+    cfg, qs, ks, pkind = CASES[case]
+    q, k = _rand(rng, qs, dtype), _rand(rng, ks, dtype)
+    b, s = (1, qs[0]) if cfg.layout == "thd" else ((qs[0], qs[2]) if cfg.layout == "bhsd"
+                                                   else qs[:2])
+    pos = _positions(pkind, b, s, rng)
+    offset = 0 if pkind == "bs" else 11
+    f = jax.jit(lambda q, k, p: cjax.rope_qk(q, k, cfg, positions=p, offset=offset))
+    got = f(q, k, pos)
+    want = cuprope.rope_qk_forward(q, k, cfg, positions=pos, offset=offset)
+    for g, w in zip(got, want):
+        _same(g, w)
+    gq, gk = _rand(rng, qs, dtype), _rand(rng, ks, dtype)
+    _, vjp = jax.vjp(lambda q, k: cjax.rope_qk(q, k, cfg, positions=pos, offset=offset), q, k)
+    dq, dk = jax.jit(vjp)((gq, gk))
+    eq, ek = cuprope.rope_qk_backward(gq, gk, cfg, positions=pos, offset=offset)
+    _same(dq, eq)
+    _same(dk, ek)
+    ref = expected(np.asarray(gq, np.float64), cfg,
+                   positions=None if pos is None else np.asarray(pos), offset=offset, inverse=True)
+    assert_matches(np.asarray(dq, np.float64), ref, np.abs(np.asarray(gq, np.float64)).max(), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_vmap_folds_a_leading_axis_and_loops_otherwise(dtype, rng):
+    cfg = cuprope.RopeConfig(64)
+    x = _rand(rng, (3, 2, 9, 4, 64), dtype)
+    pos = jnp.asarray(rng.integers(0, 1000, (3, 9)).astype(np.int32))
+    folded = jax.jit(jax.vmap(lambda x: cjax.rope(x, cfg, offset=5)))(x)
+    looped = jax.jit(jax.vmap(lambda x, p: cjax.rope(x, cfg, positions=p)))(x, pos)
+    for v in range(3):
+        _same(folded[v], cuprope.rope_forward(x[v], cfg, offset=5))
+        _same(looped[v], cuprope.rope_forward(x[v], cfg, positions=pos[v]))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_tables_and_lrpe_under_jit(dtype, rng):
+    q, k = _rand(rng, (2, 12, 4, 64), dtype), _rand(rng, (2, 12, 2, 64), dtype)
+    ang = np.arange(12)[:, None] * 10000.0 ** (-np.arange(32) / 32)
+    cos = jnp.asarray(np.cos(np.concatenate([ang, ang], -1))[None], dtype)
+    sin = jnp.asarray(np.sin(np.concatenate([ang, ang], -1))[None], dtype)
+    got = jax.jit(lambda q, k: cjax.rope_qk_table(q, k, cos, sin))(q, k)
+    for g, w in zip(got, tables.rope_qk_table_forward(q, k, cos, sin)):
+        _same(g, w)
+    theta = 10000.0 ** (-np.arange(24) / 24)
+    for act, dim in (("none", None), ("silu", None), ("softmax", -1)):
+        y = jax.jit(lambda x: cjax.rotate_1d(x, theta, offset=3, act=act, dim=dim))(q)
+        _same(y, lrpe.rotate_1d_forward(q, theta, offset=3, act=act, dim=dim))
+        g = jax.grad(lambda x: jnp.sum(cjax.rotate_1d(x, theta, offset=3, act=act, dim=dim)
+                                       .astype(jnp.float32) * 1.5))(q)
+        _same(g, lrpe.rotate_1d_backward(q, jnp.full_like(q, 1.5), theta, offset=3, act=act,
+                                         dim=dim))
+
+
+_GRAPH_SCRIPT = r"""
+import numpy as np, jax, jax.numpy as jnp, cuprope
+from cuprope import jax as cjax
+cfg = cuprope.RopeConfig(128, base=5e5)
+q = jnp.asarray(np.random.default_rng(0).standard_normal((2, 64, 8, 128)), jnp.bfloat16)
+k = q[:, :, :2]
+@jax.jit
+def step(q, k, p):
+    def body(i, c):
+        a, b = cjax.rope_qk(c[0], c[1], cfg, positions=p + i)
+        return (a * 1.0, b * 1.0)
+    return jax.lax.fori_loop(0, 3, body, (q, k))
+p = jnp.arange(64, dtype=jnp.int32)
+a, b = step(q, k, p)
+want = (q, k)
+for i in range(3):
+    want = cuprope.rope_qk_forward(*want, cfg, positions=p + i)
+print("same", bool((np.asarray(a).view(np.uint16) == np.asarray(want[0]).view(np.uint16)).all()))
+print("hlo", "command_buffer" in step.lower(q, k, p).compile().as_text())
+"""
+
+
+@pytest.mark.parametrize("flags", ["", "--xla_gpu_enable_command_buffer=FUSION,CUSTOM_CALL"])
+def test_runs_with_command_buffers(flags):
+    """A jitted loop around the call, with XLA's default command buffers and
+    with custom calls admitted into them (a fresh process: XLA reads its
+    flags once)."""
+    env = dict(os.environ, XLA_FLAGS=flags)
+    out = subprocess.run([sys.executable, "-c", _GRAPH_SCRIPT], env=env, capture_output=True,
+                         text=True, timeout=240)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "same True" in out.stdout, out.stdout + out.stderr[-2000:]
