@@ -17,8 +17,9 @@ Every function is differentiable (``jax.custom_vjp``: cuprope's backward
 through the same kernels), batches under ``jax.vmap`` (a leading axis of the
 rotated tensors folds into their batch dim where the layout has one and the
 other operands are not batched; otherwise the call runs once per element)
-and partitions under ``jax.sharding`` over the batch and head dims (see
-``cuprope/_core/xla_sharding.py``). ``config``, ``offset``, ``layout``,
+and partitions under ``jax.sharding`` over the batch and head dims (each
+shard runs the kernel on its own device; the sequence and head dim are
+replicated first; ``cuprope/_core/jax_sharding.py``). ``config``, ``offset``, ``layout``,
 ``interleaved``, ``theta``, ``act`` and ``dim`` are static (a new value
 retraces); pass ``positions=`` for positions that change from step to step.
 
@@ -41,7 +42,7 @@ from jax.extend.core import Primitive
 from jax.interpreters import batching, mlir
 
 from . import api, lrpe, tables
-from ._core import validate, xla
+from ._core import jax_sharding, validate, xla
 from .config import RopeConfig, config_by_key
 
 __all__ = ["rope", "rope_qk", "rope_table", "rope_qk_table", "rotate_1d"]
@@ -176,8 +177,13 @@ def _zero_cotangent(a):
 
 
 def _bind(call, xs, extras):
-    xla.check_avals(call, [jax.typeof(a) for a in tuple(xs) + tuple(extras)])
-    return tuple(rope_p.bind(*xs, *extras, call=call))
+    operands = tuple(xs) + tuple(extras)
+    xla.check_avals(call, [jax.typeof(a) for a in operands])
+    if any(hasattr(a, "batch_dim") for a in operands) or not jax_sharding.enabled():
+        # under vmap (custom_partitioning has no batching rule; the
+        # primitive's own rule applies), or on the CPU backend: not partitioned
+        return tuple(rope_p.bind(*operands, call=call))
+    return jax_sharding.partitioned(call, *operands)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))

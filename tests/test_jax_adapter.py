@@ -108,3 +108,68 @@ def test_bad_shapes_are_refused_when_traced():
         cjax.rope(q, cfg, offset=2 ** 31)
     with pytest.raises(TypeError, match="theta must be concrete"):
         jax.jit(lambda q, t: cjax.rotate_1d(q, t))(q, jnp.ones(4))
+
+
+_SHARDED = r"""
+import numpy as np, jax, jax.numpy as jnp, cuprope
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from cuprope import jax as cjax
+assert len(jax.devices()) == 4, jax.devices()
+mesh = Mesh(np.array(jax.devices()).reshape(2, 2), ("data", "model"))
+rng = np.random.default_rng(0)
+cfg = cuprope.RopeConfig(16, base=500.0)
+q = jnp.asarray(rng.standard_normal((4, 6, 4, 16)), jnp.float32)
+k = jnp.asarray(rng.standard_normal((4, 6, 2, 16)), jnp.float32)
+pos = jnp.asarray(rng.integers(0, 1000, (4, 6)), jnp.int32)
+want = cuprope.rope_qk_forward(np.asarray(q), np.asarray(k), cfg, positions=np.asarray(pos))
+qs = jax.device_put(q, NamedSharding(mesh, P("data", None, "model", None)))
+ks = jax.device_put(k, NamedSharding(mesh, P("data", None, "model", None)))
+ps = jax.device_put(pos, NamedSharding(mesh, P("data", None)))
+f = jax.jit(lambda q, k, p: cjax.rope_qk(q, k, cfg, positions=p))
+a, b = f(qs, ks, ps)  # on the CPU backend: not partitioned, run by XLA as it sees fit
+np.testing.assert_array_equal(np.asarray(a), want[0])
+np.testing.assert_array_equal(np.asarray(b), want[1])
+from cuprope._core import jax_sharding
+jax_sharding.PARTITION_ON_CPU = True  # lower and compile the program a GPU would run
+f = jax.jit(lambda q, k, p: cjax.rope_qk(q, k, cfg, positions=p))
+hlo = f.lower(qs, ks, ps).compile().as_text()
+# the call is lowered per shard, on the local shapes (on the CPU backend the
+# callback itself then runs on device 0; a GPU runs the kernel on every device)
+cb = [l for l in hlo.splitlines() if "custom-call" in l and "callback" in l]
+assert cb and all("(f32[2,6,2,16]{3,2,1,0}, f32[2,6," in l and "s32[2,6]" in l for l in cb), cb
+mha = jax.jit(lambda q, k: cjax.rope_qk(q, k, cfg)).lower(qs, qs).compile().as_text()
+cb = [l for l in mha.splitlines() if "custom-call" in l and "callback" in l]
+assert cb and all("(f32[2,6,2,16]{3,2,1,0}, f32[2,6,2,16]{3,2,1,0})" in l for l in cb), cb
+seq_sharded = jax.device_put(q, NamedSharding(mesh, P(None, "data", "model", None)))
+hlo = jax.jit(lambda q: cjax.rope(q, cfg)).lower(seq_sharded).compile().as_text()
+cb = [l for l in hlo.splitlines() if "custom-call" in l and "callback" in l]
+assert cb and all("f32[4,6,2,16]" in l for l in cb), cb  # the sequence is gathered
+g = jax.jit(jax.grad(lambda q: jnp.sum(cjax.rope(q, cfg, positions=pos) ** 2)))
+cb = [l for l in g.lower(qs).compile().as_text().splitlines() if "callback" in l and "custom-call" in l]
+assert len(cb) == 2 and all("f32[2,6,2,16]" in l for l in cb), cb  # forward and backward
+jax_sharding.PARTITION_ON_CPU = False
+
+def per_shard(q, k, p):
+    return cjax.rope_qk(q, k, cfg, positions=p)
+sm = jax.jit(jax.shard_map(per_shard, mesh=mesh, in_specs=(P("data"), P("data"), P("data")),
+                           out_specs=(P("data"), P("data"))))
+a2, b2 = sm(qs, ks, ps)
+np.testing.assert_array_equal(np.asarray(a2), want[0])
+print("sharded ok")
+"""
+
+
+def test_sharded_calls_run_per_shard_on_several_cpu_devices():
+    """Batch- and head-sharded q/k on 4 host CPU devices: under jit the
+    partitioned program lowers the call per shard on its local shapes (a
+    sharded sequence is gathered first), under shard_map each shard runs it,
+    and results equal the unsharded call."""
+    import os
+    import subprocess
+    import sys
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4",
+               JAX_PLATFORMS="cpu")
+    out = subprocess.run([sys.executable, "-c", _SHARDED], env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-4000:]
+    assert "sharded ok" in out.stdout
