@@ -150,14 +150,11 @@ __global__ void __launch_bounds__(kThreads) kv_rope_kernel(const RopeArgs a, con
   const bool cached = kv.k_cache != 0 && cache_slot(kv, tok, page, prow);
   const bool per_head = SRC == kKvAngles && a.freq_sh != 0;
   const float q_inv = inv_scale<Q8>(kv.q_scale, 0);
-  int c = lane - sub * cpr;
-  int e0 = 0, e1 = 0;
+  int e0 = 0, e1 = 0;  // the chunk's packs (ChunkGeometry)
   bool rot = false, two = false;
-  const ChunkGeometry<INTERLEAVED, VEC> geometry{rot, c, rot_chunks, two, cw, e0, e1, npairs,
-                                                 chunks};
-  const ChunkPairs<INTERLEAVED, VEC> pair_at{e0, e1};
-  for (; c < chunks; c += cpr) {
-    geometry();
+  for (int c = lane - sub * cpr; c < chunks; c += cpr) {
+    ChunkGeometry<INTERLEAVED, VEC>{rot, c, rot_chunks, two, cw, e0, e1, npairs, chunks}();
+    const ChunkPairs<INTERLEAVED, VEC> pair_at{e0, e1};
     float2 cs[VEC];
     if (rot && !per_head) chunk_cos_sin<T, INTERLEAVED, VEC, SRC>(a, kv, b, s, 0, pos0, pair_at, cs);
     for (int h = h0 + sub; h < h1; h += rpw) {
