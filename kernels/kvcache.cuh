@@ -13,8 +13,10 @@
 // Work: one warp per (token, group of rows), the rows being q's heads, then
 // k's, then v's (as rope_kernel's head groups: the host's grid_for). A lane
 // owns one chunk (ChunkGeometry: VEC pairs in two packs, or pass-through
-// elements) of every row of its warp step, its cos/sin computed once per
-// chunk and shared by the q and k heads (per-head tables: once per row).
+// elements) of every row of its warp step. A shared table's cos/sin are
+// computed once per (token, pair) per warp into its shared-memory slice (the
+// core's SliceCosSin and cs_slot layout) and read by the q and k heads alike;
+// per-head tables give them per row, the cos_sin_cache per chunk.
 #pragma once
 
 #include <cuda_fp8.h>
@@ -94,7 +96,8 @@ template <typename T, bool F32> struct CosSinType { using type = T; };
 template <typename T> struct CosSinType<T, true> { using type = float; };
 
 // cos/sin of the chunk's VEC pairs (pair_at) for the token at (b, s): the
-// core's pair_cos_sin with frequency row frow, or the cos_sin_cache row pos0.
+// core's pair_cos_sin with frequency row frow (per-head tables), or the
+// cos_sin_cache row pos0.
 template <typename T, bool INTERLEAVED, int VEC, int SRC>
 __device__ __forceinline__ void chunk_cos_sin(const RopeArgs& a, const KvArgs& kv, unsigned b,
                                               unsigned s, long long frow, long long pos0,
@@ -137,7 +140,7 @@ __global__ void __launch_bounds__(kThreads) kv_rope_kernel(const RopeArgs a, con
   const unsigned groups = static_cast<unsigned>(a.head_groups);
   const unsigned unit = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
   const unsigned n_seq = static_cast<unsigned>(a.n_seq);
-  if (unit >= static_cast<unsigned>(a.n_batch) * n_seq * groups || sub >= rpw) return;
+  if (unit >= static_cast<unsigned>(a.n_batch) * n_seq * groups) return;  // whole warps
   const unsigned tok = unit / groups;
   const int h0 = static_cast<int>(unit - tok * groups) * static_cast<int>(a.heads_per_group);
   const int h1 = min(htot, h0 + static_cast<int>(a.heads_per_group));
@@ -146,9 +149,20 @@ __global__ void __launch_bounds__(kThreads) kv_rope_kernel(const RopeArgs a, con
   if constexpr (SRC != kKvAngles) {
     if (pos0 < 0 || pos0 >= kv.cs_rows) return;  // outside the table: the token is not written
   }
+  // Shared table: the warp's cos/sin slice in shared memory, each pair computed
+  // once by one lane (the core's SliceCosSin, every lane taking part), read by
+  // every lane of a chunk. Per-head tables: per row, below.
+  const bool per_head = SRC == kKvAngles && a.freq_sh != 0;
+  constexpr bool kSlice = SRC == kKvAngles;
+  extern __shared__ float2 warp_cs[];
+  float2* const my_cs = warp_cs + (threadIdx.x >> 5) * npairs;
+  if (kSlice && !per_head) {
+    const double f0 = lane < npairs ? inv_freq_at(a, 0, lane) : 0.0;
+    SliceCosSin<INTERLEAVED, VEC>{lane, npairs, a, b, s, my_cs}(pos0, f0);
+  }
+  if (sub >= rpw) return;  // lanes left over when cpr does not divide 32
   long long page = 0, prow = 0;
   const bool cached = kv.k_cache != 0 && cache_slot(kv, tok, page, prow);
-  const bool per_head = SRC == kKvAngles && a.freq_sh != 0;
   const float q_inv = inv_scale<Q8>(kv.q_scale, 0);
   int e0 = 0, e1 = 0;  // the chunk's packs (ChunkGeometry)
   bool rot = false, two = false;
@@ -156,7 +170,14 @@ __global__ void __launch_bounds__(kThreads) kv_rope_kernel(const RopeArgs a, con
     ChunkGeometry<INTERLEAVED, VEC>{rot, c, rot_chunks, two, cw, e0, e1, npairs, chunks}();
     const ChunkPairs<INTERLEAVED, VEC> pair_at{e0, e1};
     float2 cs[VEC];
-    if (rot && !per_head) chunk_cos_sin<T, INTERLEAVED, VEC, SRC>(a, kv, b, s, 0, pos0, pair_at, cs);
+    if (rot && !per_head) {
+      if constexpr (kSlice) {
+#pragma unroll
+        for (int v = 0; v < VEC; ++v) cs[v] = my_cs[cs_slot<INTERLEAVED, VEC>(pair_at(v), npairs)];
+      } else {
+        chunk_cos_sin<T, INTERLEAVED, VEC, SRC>(a, kv, b, s, 0, pos0, pair_at, cs);
+      }
+    }
     for (int h = h0 + sub; h < h1; h += rpw) {
       const int role = h < hq ? kRoleQ : h < hq + hk ? kRoleK : kRoleV;
       const int hh = role == kRoleQ ? h : role == kRoleK ? h - hq : h - hq - hk;

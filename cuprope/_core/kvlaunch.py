@@ -13,7 +13,8 @@ import numpy as np
 from .args import ARGS_DTYPE, KV_ARGS_DTYPE, pack_args, pack_kv_args
 from .driver import Stream
 from .launch import MAX_STEPS, grid_for, sm_count
-from .loader import ITEMSIZE, MODULES, SRC_SHARED, kv_family_of, kv_kernel_name, lrpe_vec_widths
+from .loader import (ITEMSIZE, KV_ANGLES, MODULES, SRC_SHARED, kv_family_of, kv_kernel_name,
+                     lrpe_vec_widths)
 
 
 def pick_kv_vec(dtype, arrays, npairs, tail) -> int:
@@ -52,9 +53,10 @@ def launch_kv(device, stream_ptr, *, dtype, interleaved, vec, src, fp8, rope, kv
     hq, hk = rope["heads"]
     htot = hq + hk + (hk if kv.get("v_ptr") else 0)
     tokens = rope["n_batch"] * rope["n_seq"]
-    grid, block, groups, per_group, _ = grid_for(sm_count(device), ITEMSIZE[dtype], npairs,
-                                                 chunks, htot, tokens, False, 0,
-                                                 MAX_STEPS[SRC_SHARED])
+    slice_ = src == KV_ANGLES and not rope.get("freq_sh")  # the warp's cos/sin slice
+    grid, block, groups, per_group, smem = grid_for(sm_count(device), ITEMSIZE[dtype], npairs,
+                                                    chunks, htot, tokens, slice_, 0,
+                                                    MAX_STEPS[SRC_SHARED])
     ra = np.frombuffer(bytearray(pack_args(head_groups=groups, heads_per_group=per_group, **rope)),
                        dtype=np.int64).view(ARGS_DTYPE)
     ka = np.frombuffer(bytearray(pack_kv_args(**kv)), dtype=np.int64).view(KV_ARGS_DTYPE)
@@ -62,4 +64,4 @@ def launch_kv(device, stream_ptr, *, dtype, interleaved, vec, src, fp8, rope, kv
     import cupy
     with cupy.cuda.Device(device):
         fn = MODULES.functions(device, kv_family_of(src))[name]
-        fn(grid, block, (ra, ka), shared_mem=0, stream=Stream(stream_ptr))
+        fn(grid, block, (ra, ka), shared_mem=smem, stream=Stream(stream_ptr))
