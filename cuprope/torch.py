@@ -281,6 +281,18 @@ def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, si
     return _TableQKFunction.apply(q, k, cos, sin, layout, False)
 
 
+@torch.library.custom_op("cuprope::rotary_embedding", mutates_args=("query", "key"))
+def _rotary_embedding_op(positions: torch.Tensor, query: torch.Tensor,
+                         key: Optional[torch.Tensor], head_size: int,
+                         cos_sin_cache: torch.Tensor, is_neox: bool) -> None:
+    _rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox)
+
+
+@_rotary_embedding_op.register_fake
+def _(positions, query, key, head_size, cos_sin_cache, is_neox):
+    return None
+
+
 def rotary_embedding(positions: torch.Tensor, query: torch.Tensor, key: Optional[torch.Tensor],
                      head_size: int, cos_sin_cache: torch.Tensor, is_neox: bool = True) -> None:
     """vLLM's ``rotary_embedding`` op: rotate ``query`` ``[T, Hq*D]`` (or
@@ -288,5 +300,10 @@ def rotary_embedding(positions: torch.Tensor, query: torch.Tensor, key: Optional
     ``positions`` ``[T]`` of ``cos_sin_cache`` ``[max_position, R]`` (cos
     half, then sin half; float32 or query's dtype), NeoX pairs (j, j + R/2)
     or, ``is_neox=False``, GPT-J pairs (2j, 2j + 1). Not differentiable (an
-    inference op). See ``cuprope.cos_sin_cache`` for the semantics."""
+    inference op). See ``cuprope.cos_sin_cache`` for the semantics. Under
+    ``torch.compile`` it is the custom op ``cuprope::rotary_embedding``
+    (mutating query and key)."""
+    if _compiling():
+        _rotary_embedding_op(positions, query, key, int(head_size), cos_sin_cache, bool(is_neox))
+        return
     _rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox)

@@ -162,7 +162,8 @@ __global__ void __launch_bounds__(kThreads) kv_rope_kernel(const RopeArgs a, con
   }
   if (sub >= rpw) return;  // lanes left over when cpr does not divide 32
   long long page = 0, prow = 0;
-  const bool cached = kv.k_cache != 0 && cache_slot(kv, tok, page, prow);
+  // (warps of q rows alone skip the chain of index loads)
+  const bool cached = h1 > hq && kv.k_cache != 0 && cache_slot(kv, tok, page, prow);
   const float q_inv = inv_scale<Q8>(kv.q_scale, 0);
   int e0 = 0, e1 = 0;  // the chunk's packs (ChunkGeometry)
   bool rot = false, two = false;

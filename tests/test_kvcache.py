@@ -387,3 +387,39 @@ def test_rotary_embedding_errors_and_torch_entry(rng):
     assert ctorch.rotary_embedding(torch.tensor([1, 2, 3, 4]), q, None, 32, table, False) is None
     ref = spec_cos_sin(q0.view(4, 2, 32).numpy(), [1, 2, 3, 4], table.numpy(), False)
     assert_matches(q.view(4, 2, 32).numpy(), ref, 4.0, "float16")
+
+
+def test_vector_width_and_pass_through_packs():
+    """16-byte packs only where every array (fp8 ones by their 1-byte items)
+    and R/2 and the tail allow them; two packs per pass-through chunk where
+    the tail splits evenly."""
+    from cuprope._core.kvlaunch import copy_packs, pick_kv_vec
+    ok = [(4096, 2, (6144, 128)), (8192, 1, (2048, 1024, 128))]
+    assert pick_kv_vec("bfloat16", ok, 64, 0) == 8
+    assert pick_kv_vec("float32", [(4096, 4, (512, 128))], 64, 0) == 4
+    assert pick_kv_vec("bfloat16", ok + [(4098, 2, (128,))], 64, 0) == 1   # q off by one element
+    assert pick_kv_vec("bfloat16", ok + [(4100, 1, (128,))], 64, 0) == 1   # an fp8 cache off by 4
+    assert pick_kv_vec("bfloat16", ok + [(4096, 2, (132,))], 64, 0) == 1
+    assert pick_kv_vec("bfloat16", ok, 36, 0) == 1 and pick_kv_vec("bfloat16", ok, 32, 4) == 1
+    assert copy_packs(0, 8, True) == 0 and copy_packs(64, 8, False) == 0
+    assert copy_packs(64, 8, True) == 2 and copy_packs(8, 8, True) == 1
+
+
+def test_rotary_embedding_custom_op_and_compile(rng):
+    """cuprope::rotary_embedding passes torch's op checks (mutating query and
+    key) and torch.compile traces through it with the eager result."""
+    torch = pytest.importorskip("torch")
+    import cuprope.torch as ctorch
+    table = torch.randn(64, 16)
+    args = (torch.tensor([3, 9, 63]), torch.randn(3, 2 * 32), torch.randn(3, 1, 32), 32, table, True)
+    torch.library.opcheck(torch.ops.cuprope.rotary_embedding.default, args)
+    q, k = torch.randn(3, 64), torch.randn(3, 1, 32)
+    q2, k2 = q.clone(), k.clone()
+    ctorch.rotary_embedding(args[0], q, k, 32, table, False)
+
+    @torch.compile(fullgraph=True, backend="eager")
+    def f(p, q_, k_):
+        ctorch.rotary_embedding(p, q_, k_, 32, table, False)
+        return q_ * 1, k_ * 1
+    qa, ka = f(args[0], q2, k2)
+    assert torch.equal(qa, q) and torch.equal(ka, k)
