@@ -16,7 +16,7 @@ from conftest import GPU_TESTS
 from cuprope import kvcache, kvcache_reference as kref
 from cuprope.cos_sin_cache import rotary_embedding
 from oracle import assert_matches
-from test_kvcache import (assert_bytes_equal, expected_cache, spec_cos_sin, spec_paged,
+from test_kvcache import (assert_bytes_equal, distinct_rows, expected_cache, spec_cos_sin,
                           spec_slot)
 
 pytestmark = GPU_TESTS
@@ -33,27 +33,31 @@ def tdt(name):
             "fp8": torch.float8_e4m3fn}[name]
 
 
-def gen(seed):
-    g = _torch().Generator(device="cuda")
+def gen(seed, device="cuda"):
+    """A torch generator on ``device``: the tensors it draws live there (the
+    check_append cases also run on "cpu", the NumPy backend, in
+    test_kvcache_cases.py)."""
+    g = _torch().Generator(device=device)
     g.manual_seed(seed)
     return g
 
 
 def randn(shape, dtype, g):
-    return _torch().randn(shape, device="cuda", generator=g).to(tdt(dtype))
+    return _torch().randn(shape, device=g.device, generator=g).to(tdt(dtype))
 
 
 def sentinel(shape, dtype, g):
     torch = _torch()
     t = tdt(dtype)
     n = int(np.prod(shape)) * torch.empty((), dtype=t).element_size()
-    raw = torch.randint(0, 256, (n,), dtype=torch.uint8, device="cuda", generator=g)
+    raw = torch.randint(0, 256, (n,), dtype=torch.uint8, device=g.device, generator=g)
     return raw.view(t).view(shape)
 
 
 def host_bytes(t):
-    """[..., D] tensor -> uint8 [..., D * itemsize] on the host."""
-    return t.contiguous().view(_torch().uint8).cpu().numpy()
+    """[..., D] tensor -> uint8 [..., D * itemsize] on the host (a copy, not a
+    view of a CPU tensor)."""
+    return t.contiguous().view(_torch().uint8).cpu().numpy().copy()
 
 
 def thd(cfg):
@@ -70,17 +74,18 @@ SCHEMES = {
 
 
 def check_append(seed, dtype, cfg, cache, addressing, kv_layout="NHD", combined=False, t=37,
-                 hq=8, hk=2, d=128, pages=23, ps=16, per_head_scale=False, q_offset=0):
+                 hq=8, hk=2, d=128, pages=23, ps=16, per_head_scale=False, q_offset=0,
+                 device="cuda"):
     """One fused call against the core kernel and the spec's cache rows."""
     torch = _torch()
-    g = gen(seed)
+    g = gen(seed, device)
     rng = np.random.default_rng(seed)
     if q_offset:  # a q whose rows start off the 16-byte grid: the one-pair width
         q = randn((t, hq, d + q_offset), dtype, g)[:, :, q_offset:]
     else:
         q = randn((t, hq, d), dtype, g)
     k, v = randn((t, hk, d), dtype, g), randn((t, hk, d), dtype, g)
-    pos = torch.from_numpy(rng.integers(0, 2 ** 31 - 1, t)).cuda()
+    pos = torch.from_numpy(rng.integers(0, 2 ** 31 - 1, t)).to(device)
     pos[:4] = torch.tensor([0, 1, 4095, 131071])[:t]
     cdt = "fp8" if cache == "fp8" else dtype
     inner = (ps, hk, d) if kv_layout == "NHD" else (hk, ps, d)
@@ -91,28 +96,29 @@ def check_append(seed, dtype, cfg, cache, addressing, kv_layout="NHD", combined=
     kw = {}
     if cache == "fp8":
         shape = (hk,) if per_head_scale else ()
-        kw["k_scale"] = torch.rand(shape, device="cuda", generator=g) * 0.2 + 0.01
-        kw["v_scale"] = torch.rand(shape, device="cuda", generator=g) * 0.2 + 0.01
+        kw["k_scale"] = torch.rand(shape, device=device, generator=g) * 0.2 + 0.01
+        kw["v_scale"] = torch.rand(shape, device=device, generator=g) * 0.2 + 0.01
     if addressing == "slots":
         slots = rng.permutation(pages * ps)[:t].astype(np.int64)
         slots[3 % t], slots[-1] = -1, pages * ps + 5       # padding, past the cache
         rows = [spec_slot(s_, ps, pages) for s_ in slots]
-        kw["slot_mapping"] = torch.from_numpy(slots).cuda()
+        kw["slot_mapping"] = torch.from_numpy(slots).to(device)
     else:
         indices = np.append(rng.permutation(pages), pages + 1).astype(np.int32)
         indptr = np.array([0, 5, 5, 12, 24], np.int32)
         bi = rng.integers(0, 4, t).astype(np.int32)
         cp = rng.integers(0, 12 * ps, t).astype(np.int32)
         bi[3 % t], cp[-1] = -1, -1
-        rows = [spec_paged(b_, p_, indices, indptr, ps, pages) for b_, p_ in zip(bi, cp)]
-        kw.update({n: torch.from_numpy(a).cuda() for n, a in (
+        rows = distinct_rows(bi, cp, indices, indptr, ps, pages)  # a repeated row: padding
+        kw.update({n: torch.from_numpy(a).to(device) for n, a in (
             ("kv_indices", indices), ("kv_indptr", indptr), ("batch_indices", bi),
             ("cache_positions", cp))})
     q0, k0 = q.clone(), k.clone()
     q_core = cuprope.rope_forward(q0, thd(cfg), positions=pos)
     k_core = cuprope.rope_forward(k0, thd(cfg), positions=pos)
     out = kvcache.rope_append_kv(q, k, v, cfg, pos, kv_layout=kv_layout, **caches, **kw)
-    torch.cuda.synchronize()
+    if device != "cpu":
+        torch.cuda.synchronize()
     assert out is q
     assert np.array_equal(host_bytes(q), host_bytes(q_core)), "q differs from the core's"
     if cache == "fp8":
@@ -130,37 +136,65 @@ def check_append(seed, dtype, cfg, cache, addressing, kv_layout="NHD", combined=
         assert_bytes_equal(host_bytes(c), exp)
 
 
-@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
-@pytest.mark.parametrize("cache", ["same", "fp8"])
-@pytest.mark.parametrize("addressing", ["slots", "paged"])
-@pytest.mark.parametrize("kv_layout", ["NHD", "HND"])
-def test_fused_equals_the_core_and_the_spec(dtype, cache, addressing, kv_layout):
+# The check_append cases, as functions of the device (test_kvcache_cases.py
+# runs them on "cpu", the NumPy backend, to catch a wrong case before a GPU
+# sees it).
+def fused_case(dtype, cache, addressing, kv_layout, device="cuda"):
     check_append(zlib.crc32(f"{dtype}{cache}{addressing}{kv_layout}".encode()), dtype,
-                 SCHEMES["default"](128, False), cache, addressing, kv_layout)
+                 SCHEMES["default"](128, False), cache, addressing, kv_layout, device=device)
 
 
-@pytest.mark.parametrize("scheme", sorted(SCHEMES))
-@pytest.mark.parametrize("interleaved", [False, True])
-def test_schemes_combined_kv_per_head_scales(scheme, interleaved):
+def schemes_case(scheme, interleaved, device="cuda"):
     check_append(7 + interleaved, "bfloat16", SCHEMES[scheme](128, interleaved), "fp8", "paged",
-                 "HND" if interleaved else "NHD", combined=True, per_head_scale=True)
+                 "HND" if interleaved else "NHD", combined=True, per_head_scale=True,
+                 device=device)
 
 
-@pytest.mark.parametrize("d", [64, 256])
-def test_head_dims_and_decode_sizes(d):
+def head_dims_case(d, device="cuda"):
     for t in (1, 3, 64):
         check_append(d + t, "bfloat16", SCHEMES["default"](d, False), "fp8", "slots", t=t, hq=32,
-                     hk=8, pages=300)
+                     hk=8, d=d, pages=300, device=device)
+
+
+def unaligned_case(device="cuda"):
+    check_append(11, "bfloat16", SCHEMES["partial"](128, True), "same", "slots", q_offset=1,
+                 device=device)
+
+
+def per_head_case(device="cuda"):
+    rng = np.random.default_rng(3)
+    per_head = cuprope.RopeConfig(128, inv_freq=rng.uniform(1e-4, 1.0, (4, 64)))
+    check_append(12, "bfloat16", per_head, "same", "paged", hq=4, hk=4, device=device)
+
+
+# (parameters shared with test_kvcache_cases.py)
+FUSED_PARAMS = [(dt, c, a, lay) for dt in ("bfloat16", "float16", "float32")
+                for c in ("same", "fp8") for a in ("slots", "paged") for lay in ("NHD", "HND")]
+SCHEME_PARAMS = [(sc, il) for sc in sorted(SCHEMES) for il in (False, True)]
+HEAD_DIMS = [64, 256]
+
+
+@pytest.mark.parametrize("dtype,cache,addressing,kv_layout", FUSED_PARAMS)
+def test_fused_equals_the_core_and_the_spec(dtype, cache, addressing, kv_layout):
+    fused_case(dtype, cache, addressing, kv_layout)
+
+
+@pytest.mark.parametrize("scheme,interleaved", SCHEME_PARAMS)
+def test_schemes_combined_kv_per_head_scales(scheme, interleaved):
+    schemes_case(scheme, interleaved)
+
+
+@pytest.mark.parametrize("d", HEAD_DIMS)
+def test_head_dims_and_decode_sizes(d):
+    head_dims_case(d)
 
 
 def test_unaligned_rows_take_the_one_pair_width():
-    check_append(11, "bfloat16", SCHEMES["partial"](128, True), "same", "slots", q_offset=1)
+    unaligned_case()
 
 
 def test_per_head_table_and_mrope_equal_the_core():
-    rng = np.random.default_rng(3)
-    per_head = cuprope.RopeConfig(128, inv_freq=rng.uniform(1e-4, 1.0, (4, 64)))
-    check_append(12, "bfloat16", per_head, "same", "paged", hq=4, hk=4)
+    per_head_case()
     torch = _torch()
     g = gen(13)
     mrope = cuprope.scaling.mrope_config([16, 24, 24], base=1e6)
