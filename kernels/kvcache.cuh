@@ -63,34 +63,63 @@ __device__ __forceinline__ float inv_scale(long long ptr, long long i) {
   return 1.f;
 }
 
-// The cache page and row of token t (its flat index b * S + s); false when
-// the token is not written: a negative slot (padding), or any index out of
+// The cache page and row of token t (its flat index b * S + s); not written
+// (finish returns false) for a negative slot (padding), or any index out of
 // range (slot beyond the cache, batch index outside [0, n_seqs), a position
 // < 0 or past the sequence's pages, a page outside [0, num_pages)).
 //   flat slots: slot = page * page_size + row
 //   paged: token of batch b at position p goes to page
 //          kv_indices[kv_indptr[b] + p / page_size], row p % page_size
-__device__ __forceinline__ bool cache_slot(const KvArgs& kv, long long t, long long& page,
-                                           long long& row) {
-  const long long ps = kv.page_size;
-  if (kv.slot_ptr) {
-    const long long slot = reinterpret_cast<const long long*>(kv.slot_ptr)[t];
-    if (slot < 0 || slot >= kv.num_pages * ps) return false;
-    page = slot / ps;
-    row = slot - page * ps;
-    return true;
+// In three stages, so that the chain of dependent index loads runs under the
+// warp's other latencies: begin issues the token's loads (slot, or batch
+// index and position) beside the position load; advance waits for them,
+// issues kv_indptr's pair and does the divisions, before the cos/sin slice;
+// finish (after the slice) issues the kv_indices load and checks ranges.
+struct CacheRow {
+  long long x = -1, p = -1;            // begin: the slot, or the batch index and position
+  long long lo = -1, hi = -1, q = 0;  // advance: the sequence's pages in kv_indices, p / ps
+  int row = 0;                        // advance: the row in the page (< page_size)
+  bool ok = false;                    // advance: x and p in range
+
+  __device__ __forceinline__ void begin(const KvArgs& kv, long long t) {
+    if (kv.slot_ptr) {
+      x = reinterpret_cast<const long long*>(kv.slot_ptr)[t];
+    } else {
+      x = load_index(kv.batch_ptr, t, kv.index_is64 & 1);
+      p = load_index(kv.cpos_ptr, t, kv.index_is64 & 2);
+    }
   }
-  const long long bi = load_index(kv.batch_ptr, t, kv.index_is64 & 1);
-  const long long p = load_index(kv.cpos_ptr, t, kv.index_is64 & 2);
-  if (bi < 0 || bi >= kv.n_seqs || p < 0) return false;
-  const long long lo = load_index(kv.indptr_ptr, bi, kv.index_is64 & 8);
-  const long long hi = load_index(kv.indptr_ptr, bi + 1, kv.index_is64 & 8);
-  const long long j = lo + p / ps;
-  if (lo < 0 || j >= hi || j >= kv.n_indices) return false;
-  page = load_index(kv.indices_ptr, j, kv.index_is64 & 4);
-  row = p - (p / ps) * ps;
-  return page >= 0 && page < kv.num_pages;
-}
+  __device__ __forceinline__ void advance(const KvArgs& kv) {
+    const long long ps = kv.page_size;
+    if (kv.slot_ptr) {
+      ok = x >= 0 && x < kv.num_pages * ps;
+      if (ok) {
+        q = x / ps;
+        row = static_cast<int>(x - q * ps);
+      }
+      return;
+    }
+    ok = x >= 0 && x < kv.n_seqs && p >= 0;
+    if (ok) {
+      lo = load_index(kv.indptr_ptr, x, kv.index_is64 & 8);
+      hi = load_index(kv.indptr_ptr, x + 1, kv.index_is64 & 8);
+      q = p / ps;
+      row = static_cast<int>(p - q * ps);
+    }
+  }
+  __device__ __forceinline__ bool finish(const KvArgs& kv, long long& page, long long& prow) const {
+    if (!ok) return false;
+    prow = row;
+    if (kv.slot_ptr) {
+      page = q;
+      return true;
+    }
+    const long long j = lo + q;
+    if (lo < 0 || j >= hi || j >= kv.n_indices) return false;
+    page = load_index(kv.indices_ptr, j, kv.index_is64 & 4);
+    return page >= 0 && page < kv.num_pages;
+  }
+};
 
 template <typename T, bool F32> struct CosSinType { using type = T; };
 template <typename T> struct CosSinType<T, true> { using type = float; };
@@ -145,6 +174,11 @@ __global__ void __launch_bounds__(kThreads) kv_rope_kernel(const RopeArgs a, con
   const int h0 = static_cast<int>(unit - tok * groups) * static_cast<int>(a.heads_per_group);
   const int h1 = min(htot, h0 + static_cast<int>(a.heads_per_group));
   const unsigned b = tok / n_seq, s = tok - b * n_seq;
+  // The cache row's index loads start beside the position's (warps of q rows
+  // alone skip them); their chain runs under the cos/sin slice (CacheRow).
+  const bool has_kv = h1 > hq && kv.k_cache != 0;  // (warp-uniform)
+  CacheRow crow;
+  if (has_kv) crow.begin(kv, tok);
   const long long pos0 = a.stream_map_ptr ? 0 : token_position(a, b, s, 0);
   if constexpr (SRC != kKvAngles) {
     if (pos0 < 0 || pos0 >= kv.cs_rows) return;  // outside the table: the token is not written
@@ -154,16 +188,15 @@ __global__ void __launch_bounds__(kThreads) kv_rope_kernel(const RopeArgs a, con
   // every lane of a chunk. Per-head tables: per row, below.
   const bool per_head = SRC == kKvAngles && a.freq_sh != 0;
   constexpr bool kSlice = SRC == kKvAngles;
+  const bool slice = kSlice && !per_head && h0 < hq + hk;  // (warps of v rows alone skip it)
   extern __shared__ float2 warp_cs[];
   float2* const my_cs = warp_cs + (threadIdx.x >> 5) * npairs;
-  if (kSlice && !per_head) {
-    const double f0 = lane < npairs ? inv_freq_at(a, 0, lane) : 0.0;
-    SliceCosSin<INTERLEAVED, VEC>{lane, npairs, a, b, s, my_cs}(pos0, f0);
-  }
+  const double f0 = slice && lane < npairs ? inv_freq_at(a, 0, lane) : 0.0;
+  if (has_kv) crow.advance(kv);
+  if (slice) SliceCosSin<INTERLEAVED, VEC>{lane, npairs, a, b, s, my_cs}(pos0, f0);
   if (sub >= rpw) return;  // lanes left over when cpr does not divide 32
   long long page = 0, prow = 0;
-  // (warps of q rows alone skip the chain of index loads)
-  const bool cached = h1 > hq && kv.k_cache != 0 && cache_slot(kv, tok, page, prow);
+  const bool cached = has_kv && crow.finish(kv, page, prow);
   const float q_inv = inv_scale<Q8>(kv.q_scale, 0);
   int e0 = 0, e1 = 0;  // the chunk's packs (ChunkGeometry)
   bool rot = false, two = false;
@@ -171,7 +204,7 @@ __global__ void __launch_bounds__(kThreads) kv_rope_kernel(const RopeArgs a, con
     ChunkGeometry<INTERLEAVED, VEC>{rot, c, rot_chunks, two, cw, e0, e1, npairs, chunks}();
     const ChunkPairs<INTERLEAVED, VEC> pair_at{e0, e1};
     float2 cs[VEC];
-    if (rot && !per_head) {
+    if (rot && !per_head && (!kSlice || slice)) {
       if constexpr (kSlice) {
 #pragma unroll
         for (int v = 0; v < VEC; ++v) cs[v] = my_cs[cs_slot<INTERLEAVED, VEC>(pair_at(v), npairs)];
@@ -185,7 +218,9 @@ __global__ void __launch_bounds__(kThreads) kv_rope_kernel(const RopeArgs a, con
       const bool rest_out = (kv.write_rest >> role) & 1;  // q_out / k_out take dims >= R
       const bool to_out = role != kRoleV && (rot || rest_out) &&
                           (role == kRoleQ || a.out_ptr[1] != 0);
-      const bool to_cache = role != kRoleQ && cached;
+      // (the row's loads do not wait for the cache row's last index load:
+      // whether it is written is known only at the store)
+      const bool to_cache = role != kRoleQ && has_kv;
       if (!to_out && !to_cache) continue;
       long long src;
       long long off;
@@ -216,7 +251,7 @@ __global__ void __launch_bounds__(kThreads) kv_rope_kernel(const RopeArgs a, con
           if (two) store_pack<T, VEC>(a.out_ptr[1], oo + e1, x1);
         }
       }
-      if (to_cache) {
+      if (to_cache && cached) {
         const bool is_k = role == kRoleK;
         const long long co = page * (is_k ? kv.kc_sp : kv.vc_sp) +
                              prow * (is_k ? kv.kc_sr : kv.vc_sr) + hh * (is_k ? kv.kc_sh : kv.vc_sh);
