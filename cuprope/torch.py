@@ -11,6 +11,9 @@ module is imported only by users who want it.
 * CUDA graphs: warm up once per (config, device) before capture, so the
   frequency table is already on the device; calls then allocate only outputs
   through torch's (graph-aware) allocator.
+* ``rotary_embedding(positions, query, key, head_size, cos_sin_cache,
+  is_neox=True)`` — vLLM's op of that name (in place, returns None), over
+  ``cuprope.cos_sin_cache``: an engine switches by one line.
 * ``apply_rotary_pos_emb(q, k, cos, sin, position_ids=None, unsqueeze_dim=1)``
   — a drop-in for Hugging Face's function of that name: it reads the model's
   own cos/sin tensors (``cuprope.tables``) and returns HF's result bit for bit,
@@ -29,9 +32,10 @@ from typing import Optional
 import torch
 
 from . import api, tables
+from .cos_sin_cache import rotary_embedding as _rotary_embedding
 from .config import RopeConfig, config_by_key
 
-__all__ = ["rope_qk", "rope", "RopeQKFunction", "apply_rotary_pos_emb"]
+__all__ = ["rope_qk", "rope", "RopeQKFunction", "apply_rotary_pos_emb", "rotary_embedding"]
 
 # Custom ops take only tensors and scalars: configs travel as their integer key.
 
@@ -275,3 +279,31 @@ def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, si
     if not (q.requires_grad or k.requires_grad):
         return tables.rope_qk_table_forward(q, k, cos, sin, layout=layout)
     return _TableQKFunction.apply(q, k, cos, sin, layout, False)
+
+
+@torch.library.custom_op("cuprope::rotary_embedding", mutates_args=("query", "key"))
+def _rotary_embedding_op(positions: torch.Tensor, query: torch.Tensor,
+                         key: Optional[torch.Tensor], head_size: int,
+                         cos_sin_cache: torch.Tensor, is_neox: bool) -> None:
+    _rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox)
+
+
+@_rotary_embedding_op.register_fake
+def _(positions, query, key, head_size, cos_sin_cache, is_neox):
+    return None
+
+
+def rotary_embedding(positions: torch.Tensor, query: torch.Tensor, key: Optional[torch.Tensor],
+                     head_size: int, cos_sin_cache: torch.Tensor, is_neox: bool = True) -> None:
+    """vLLM's ``rotary_embedding`` op: rotate ``query`` ``[T, Hq*D]`` (or
+    ``[T, Hq, D]``) and ``key`` (likewise, or None) in place by the rows
+    ``positions`` ``[T]`` of ``cos_sin_cache`` ``[max_position, R]`` (cos
+    half, then sin half; float32 or query's dtype), NeoX pairs (j, j + R/2)
+    or, ``is_neox=False``, GPT-J pairs (2j, 2j + 1). Not differentiable (an
+    inference op). See ``cuprope.cos_sin_cache`` for the semantics. Under
+    ``torch.compile`` it is the custom op ``cuprope::rotary_embedding``
+    (mutating query and key)."""
+    if _compiling():
+        _rotary_embedding_op(positions, query, key, int(head_size), cos_sin_cache, bool(is_neox))
+        return
+    _rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox)

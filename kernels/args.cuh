@@ -47,4 +47,26 @@ struct RopeArgs {
 // fields: cos at pos_ptr, sin at seq_off_ptr, two [B, S, R] tables in T with
 // a contiguous last dim and batch / sequence strides pos_sb / pos_ss.
 
+// The KV-cache dialect's extra arguments (kernels/kvcache.cuh; host mirror
+// KV_ARGS_FIELDS in cuprope/_core/args.py). The RopeArgs beside it carries q
+// (tensor 0) and k (tensor 1) with their outputs, positions and angles.
+struct KvArgs {
+  long long v_ptr;                     // v, tensor 1's geometry (0: no v)
+  long long v_sb, v_ss, v_sh;          // its batch, sequence, head strides
+  long long k_cache, v_cache;          // caches (0: not written)
+  long long kc_sp, kc_sr, kc_sh;       // page, row, head strides of the k cache
+  long long vc_sp, vc_sr, vc_sh;       // ... of the v cache
+  long long num_pages, page_size;
+  long long slot_ptr;                  // int64 [T] flat slots; 0: paged addressing
+  long long batch_ptr, cpos_ptr;       // [T] batch index and cache position of each token
+  long long indices_ptr, indptr_ptr;   // kv_indices [n_indices], kv_indptr [n_seqs + 1]
+  long long n_indices;
+  long long index_is64;                // bit 0 batch, 1 cpos, 2 indices, 3 indptr
+  long long n_seqs;
+  long long q_scale, k_scale, v_scale;  // const float*: fp8 scales (device scalars)
+  long long kv_scale_sh;               // 0: one k and one v scale; 1: one per k head
+  long long cs_ptr, cs_st, cs_rows;    // cos_sin_cache [rows, R]: cos [0, R/2), sin [R/2, R)
+  long long write_rest;                // bit 0: q's dims >= R to q_out; bit 1: k's to k_out
+};
+
 }  // namespace cuprope

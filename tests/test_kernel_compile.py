@@ -16,10 +16,10 @@ def _check(result):
     return result[1:] if len(result) > 2 else (result[1] if len(result) == 2 else None)
 
 
-def _build(arch: str, names, options):
+def _build(arch: str, names, options, entry=_loader.ENTRY):
     """(NVRTC result, log, program) of the kernel family compiled with ``options``."""
-    src = _loader.kernel_sources()[_loader.ENTRY].encode()
-    prog = _check(nvrtc.nvrtcCreateProgram(src, _loader.ENTRY.encode(), 0, [], []))
+    src = _loader.kernel_sources()[entry].encode()
+    prog = _check(nvrtc.nvrtcCreateProgram(src, entry.encode(), 0, [], []))
     for n in names:
         _check(nvrtc.nvrtcAddNameExpression(prog, n.encode()))
     cudart = pathfinder.find_nvidia_header_directory("cudart")
@@ -34,9 +34,9 @@ def _build(arch: str, names, options):
     return rc, log.decode(errors="replace"), prog
 
 
-def _compile(arch: str, names):
+def _compile(arch: str, names, entry=_loader.ENTRY):
     """Compile the kernel family with the package's options."""
-    rc, log, prog = _build(arch, names, _loader.compile_options())
+    rc, log, prog = _build(arch, names, _loader.compile_options(), entry)
     assert rc == nvrtc.nvrtcResult.NVRTC_SUCCESS, log
     lowered = {n: _check(nvrtc.nvrtcGetLoweredName(prog, n.encode())) for n in names}
     if arch.startswith("sm_"):
@@ -62,13 +62,38 @@ def test_every_instantiation_compiles(arch):
     assert "warning" not in log.lower(), log
 
 
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_every_kvcache_instantiation_compiles(arch):
+    """The KV-cache dialect (kernels/kvcache.cu): computed angles x 4 fp8
+    combinations (3 dtypes x 2 pairings x 2 widths = 48), and the
+    cos_sin_cache source in float32 or the element type (20)."""
+    names = _loader.kv_kernel_names()
+    assert len(names) == 48 + 20
+    assert sorted(_loader.kv_kernel_names("kvcache") + _loader.kv_kernel_names(
+        "kvcache_cos_sin")) == sorted(names)
+    lowered, nbytes, log = _compile(arch, names, _loader.KV_ENTRY)
+    assert all(lowered.values()) and len(set(lowered.values())) == len(names)
+    assert nbytes > 10_000
+    assert "warning" not in log.lower(), log
+
+
+def test_a_missing_kv_code_stops_the_compile():
+    opts = [o for o in _loader.compile_options() if not o.startswith("-DCUPROPE_KV_FP8_Q=")]
+    rc, log, prog = _build("sm_90", [_loader.kv_kernel_name("float32", False, 4)], opts,
+                           _loader.KV_ENTRY)
+    nvrtc.nvrtcDestroyProgram(prog)
+    assert rc != nvrtc.nvrtcResult.NVRTC_SUCCESS
+    assert "CUPROPE_KV_* codes are defined by cuprope/_core/loader.py" in log
+
+
 def test_cache_key_covers_every_kernel_file(monkeypatch):
     """CuPy's disk cache keys on the source and the options but ignores
     #included files: the options carry a hash of every file in kernels/, so
     editing a header changes the key, and every kernel constant, so changing
     one does."""
     sources = _loader.kernel_sources()
-    assert {"rope.cu", "rope.cuh", "constants.cuh", "args.cuh"} <= set(sources)
+    assert {"rope.cu", "rope.cuh", "constants.cuh", "args.cuh", "kvcache.cu",
+            "kvcache.cuh"} <= set(sources)
     before = _loader.compile_options()
     assert any(o.startswith("-DCUPROPE_SOURCE_HASH=") for o in before)
     for name in sources:

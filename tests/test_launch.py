@@ -9,10 +9,10 @@ import pytest
 from cuprope._core import args, launch, loader
 
 
-def c_struct_fields():
-    """(name, count, kind) of struct RopeArgs, parsed from its header."""
+def c_struct_fields(struct_name="RopeArgs"):
+    """(name, count, kind) of a struct of kernels/args.cuh, parsed from the header."""
     src = loader.kernel_sources()["args.cuh"]
-    body = re.search(r"struct RopeArgs \{(.*?)\n\};", src, re.S).group(1)
+    body = re.search(r"struct " + struct_name + r" \{(.*?)\n\};", src, re.S).group(1)
     fields = []
     for line in body.splitlines():
         line = line.split("//")[0].strip()
@@ -31,6 +31,18 @@ def test_field_list_is_the_c_struct():
     """Names, order, element counts and types (every element 8 bytes)."""
     assert tuple(c_struct_fields()) == args.ARGS_FIELDS
     assert args.ARGS.size == 8 * sum(c for _, c, _ in args.ARGS_FIELDS)
+
+
+def test_kv_field_list_is_the_c_struct():
+    assert tuple(c_struct_fields("KvArgs")) == args.KV_ARGS_FIELDS
+    assert args.KV_ARGS.size == 8 * len(args.KV_ARGS_FIELDS)
+    raw = args.pack_kv_args(page_size=16, write_rest=3)
+    values = struct.unpack(args.KV_ARGS.format, raw)
+    names = [n for n, _, _ in args.KV_ARGS_FIELDS]
+    assert values[names.index("page_size")] == 16 and values[names.index("write_rest")] == 3
+    assert sum(values) == 19
+    with pytest.raises(TypeError, match="KvArgs has no field"):
+        args.pack_kv_args(page=1)
 
 
 def test_per_call_slots_derive_from_the_field_list():

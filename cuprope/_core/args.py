@@ -46,20 +46,40 @@ def _slots(fields) -> dict[str, int]:
 ARGS_SLOTS = _slots(ARGS_FIELDS)  # name -> the slot of its first element
 
 
-def pack_args(**values) -> bytes:
-    """RopeArgs packed from its fields by name (a pair for the two-element
-    fields); a field not named is 0."""
-    unknown = set(values) - set(ARGS_SLOTS)
+def _pack(fields, packer, what, values) -> bytes:
+    unknown = set(values) - {name for name, _, _ in fields}
     if unknown:
-        raise TypeError(f"RopeArgs has no field {sorted(unknown)}")
+        raise TypeError(f"{what} has no field {sorted(unknown)}")
     flat = []
-    for name, count, _ in ARGS_FIELDS:
+    for name, count, _ in fields:
         v = values.get(name, (0,) * count)
         v = tuple(v) if isinstance(v, (tuple, list)) else (v,)
         if len(v) != count:
-            raise ValueError(f"RopeArgs.{name} takes {count} values, got {len(v)}")
+            raise ValueError(f"{what}.{name} takes {count} values, got {len(v)}")
         flat += v
-    return ARGS.pack(*flat)
+    return packer.pack(*flat)
+
+
+def pack_args(**values) -> bytes:
+    """RopeArgs packed from its fields by name (a pair for the two-element
+    fields); a field not named is 0."""
+    return _pack(ARGS_FIELDS, ARGS, "RopeArgs", values)
+
+
+# struct KvArgs (kernels/args.cuh), the KV-cache dialect's second argument,
+# field by field (all int64).
+KV_ARGS_FIELDS = tuple((name, 1, "q") for name in (
+    "v_ptr", "v_sb", "v_ss", "v_sh", "k_cache", "v_cache", "kc_sp", "kc_sr", "kc_sh",
+    "vc_sp", "vc_sr", "vc_sh", "num_pages", "page_size", "slot_ptr", "batch_ptr", "cpos_ptr",
+    "indices_ptr", "indptr_ptr", "n_indices", "index_is64", "n_seqs", "q_scale", "k_scale",
+    "v_scale", "kv_scale_sh", "cs_ptr", "cs_st", "cs_rows", "write_rest"))
+KV_ARGS = struct.Struct("<" + "q" * len(KV_ARGS_FIELDS))
+KV_ARGS_DTYPE = np.dtype([("raw", np.uint8, (KV_ARGS.size,))])
+
+
+def pack_kv_args(**values) -> bytes:
+    """KvArgs packed from its fields by name; a field not named is 0."""
+    return _pack(KV_ARGS_FIELDS, KV_ARGS, "KvArgs", values)
 
 
 # The flat entry points (kernels/flat.cuh) take the struct's pointers first,

@@ -47,9 +47,19 @@ LRPE_ACTS = {"none": 0, "relu": 1, "sigmoid": 2, "silu": 3, "softmax": 4, "softm
 # threads, each row of the block a slice of the sequence (kernels kSeqSlices).
 SEQ_SLICES = 8
 
+# The KV-cache dialect (kernels/kvcache.cuh): kv_rope_kernel's angle sources
+# (SRC: computed from a RopeConfig's table, or read from a cos_sin_cache in
+# float32 or in the element type) and the bits of its FP8 parameter (q's
+# output, the k/v caches in e4m3).
+KV_ANGLES, KV_COS_SIN_F32, KV_COS_SIN_T = 0, 1, 2
+KV_FP8_Q, KV_FP8_CACHE = 1, 2
+
 CODES = {"CUPROPE_SRC_SHARED": SRC_SHARED, "CUPROPE_SRC_PER_HEAD": SRC_PER_HEAD,
          "CUPROPE_SRC_TABLE": SRC_TABLE, "CUPROPE_SEQ_SLICES": SEQ_SLICES,
-         **{f"CUPROPE_ACT_{name.upper()}": code for name, code in LRPE_ACTS.items()}}
+         **{f"CUPROPE_ACT_{name.upper()}": code for name, code in LRPE_ACTS.items()},
+         "CUPROPE_KV_ANGLES": KV_ANGLES, "CUPROPE_KV_COS_SIN_F32": KV_COS_SIN_F32,
+         "CUPROPE_KV_COS_SIN_T": KV_COS_SIN_T, "CUPROPE_KV_FP8_Q": KV_FP8_Q,
+         "CUPROPE_KV_FP8_CACHE": KV_FP8_CACHE}
 
 # Tuning values, measured on an H200 (benchmarks/NOTES.md); any of them can be
 # overridden through CUPROPE_KERNEL_DEFINES (benchmarks/tune.py). By element
@@ -188,6 +198,43 @@ def all_kernel_names(family: str | None = None) -> list[str]:
     return [n for fam in fams for n in _family_names(fam)]
 
 
+# The KV-cache dialect's families (kernels/kvcache.cu, a translation unit of
+# its own): computed angles with every fp8 combination, and the cos_sin_cache
+# source (no fp8). Widths: the widest and 1 (any alignment).
+KV_ENTRY = "kvcache.cu"
+KV_FAMILIES = ("kvcache", "kvcache_cos_sin")
+
+
+def kv_kernel_name(dtype: str, interleaved: bool, vec: int, src: int = KV_ANGLES,
+                   fp8: int = 0) -> str:
+    """Name expression of one ``kv_rope_kernel`` instantiation: ``src`` one of
+    KV_ANGLES, KV_COS_SIN_F32, KV_COS_SIN_T; ``fp8`` a sum of KV_FP8_Q and
+    KV_FP8_CACHE."""
+    if src not in (KV_ANGLES, KV_COS_SIN_F32, KV_COS_SIN_T) or fp8 not in range(4):
+        raise ValueError(f"no kv_rope_kernel for src={src!r}, fp8={fp8!r}")
+    return (f"cuprope::kv_rope_kernel<{DTYPE_CTYPES[dtype]}, {_b(interleaved)}, {vec}, "
+            f"{int(src)}, {int(fp8)}>")
+
+
+def kv_family_of(src: int) -> str:
+    """The family holding kv_rope_kernel's instantiations for angle source ``src``."""
+    return KV_FAMILIES[0] if src == KV_ANGLES else KV_FAMILIES[1]
+
+
+def kv_kernel_names(family: str | None = None) -> list[str]:
+    """Every kv_rope_kernel instantiation (of one KV family, or both)."""
+    names = []
+    for dt in DTYPE_CTYPES:
+        for il in (False, True):
+            for v in lrpe_vec_widths(dt):
+                if family in (None, KV_FAMILIES[0]):
+                    names += [kv_kernel_name(dt, il, v, KV_ANGLES, f) for f in range(4)]
+                if family in (None, KV_FAMILIES[1]):
+                    srcs = (KV_COS_SIN_F32,) if dt == "float32" else (KV_COS_SIN_F32, KV_COS_SIN_T)
+                    names += [kv_kernel_name(dt, il, v, src) for src in srcs]
+    return names
+
+
 def kernel_dir():
     """The folder holding the kernel sources: ``cuprope/kernels`` in an
     installed package, ``kernels/`` beside ``cuprope/`` in a source checkout."""
@@ -243,8 +290,9 @@ class _Modules:
     def _build(device_id: int, family: str) -> dict[str, object]:
         import cupy
 
-        names = all_kernel_names(family)
-        code = kernel_sources()[ENTRY]
+        kv = family in KV_FAMILIES
+        names = kv_kernel_names(family) if kv else all_kernel_names(family)
+        code = kernel_sources()[KV_ENTRY if kv else ENTRY]
         with cupy.cuda.Device(device_id):
             module = cupy.RawModule(code=code, options=compile_options(), name_expressions=names)
             return {n: module.get_function(n) for n in names}

@@ -1,0 +1,67 @@
+"""Launches of the KV-cache dialect (``kernels/kvcache.cuh``): the vector
+width, the grid (the core's ``grid_for``: one warp per token and group of
+rows) and the two argument structs, packed per call.
+
+The kernel takes a ``RopeArgs`` (q as tensor 0, k as tensor 1, their
+outputs, positions, the angle source) and a ``KvArgs`` (v, the caches, the
+cache addressing, fp8 scales, a cos_sin_cache).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .args import ARGS_DTYPE, KV_ARGS_DTYPE, pack_args, pack_kv_args
+from .driver import Stream
+from .launch import MAX_STEPS, grid_for, sm_count
+from .loader import (ITEMSIZE, KV_ANGLES, MODULES, SRC_SHARED, kv_family_of, kv_kernel_name,
+                     lrpe_vec_widths)
+
+
+def pick_kv_vec(dtype, arrays, npairs, tail) -> int:
+    """The widest instantiated width (16-byte packs of ``dtype``) when every
+    array allows it, else 1. ``arrays``: (pointer in bytes, item size,
+    strides in elements) of each array the kernel moves packs of (fp8 arrays
+    have item size 1: the same width is VEC bytes there)."""
+    widest = lrpe_vec_widths(dtype)[0]
+    if npairs % widest or tail % widest:
+        return 1
+    for ptr, itemsize, strides in arrays:
+        if ptr % (widest * itemsize) or any(s % widest for s in strides):
+            return 1
+    return widest
+
+
+def copy_packs(tail, vec, needed) -> int:
+    """Packs per pass-through chunk (dims >= R): 0 when none is written
+    (``needed`` False, or R = D), else 2 where the tail allows (every lane
+    then moves two packs, as a rotated chunk does), else 1."""
+    if not needed or not tail:
+        return 0
+    return 2 if tail % (2 * vec) == 0 else 1
+
+
+def launch_kv(device, stream_ptr, *, dtype, interleaved, vec, src, fp8, rope, kv):
+    """Launch one ``kv_rope_kernel`` on ``device`` and stream ``stream_ptr``.
+
+    ``rope``: RopeArgs fields by name (heads, n_batch, n_seq, head_dim,
+    rot_dim, copy_rest, ...; head_groups and heads_per_group are set here);
+    ``kv``: KvArgs fields by name. Allocates nothing on the device, so a
+    warmed-up call can be captured in a CUDA graph."""
+    npairs = rope["rot_dim"] // 2
+    cw = rope.get("copy_rest", 0)
+    chunks = npairs // vec + ((rope["head_dim"] - rope["rot_dim"]) // (vec * cw) if cw else 0)
+    hq, hk = rope["heads"]
+    htot = hq + hk + (hk if kv.get("v_ptr") else 0)
+    tokens = rope["n_batch"] * rope["n_seq"]
+    slice_ = src == KV_ANGLES and not rope.get("freq_sh")  # the warp's cos/sin slice
+    grid, block, groups, per_group, smem = grid_for(sm_count(device), ITEMSIZE[dtype], npairs,
+                                                    chunks, htot, tokens, slice_, 0,
+                                                    MAX_STEPS[SRC_SHARED])
+    ra = np.frombuffer(bytearray(pack_args(head_groups=groups, heads_per_group=per_group, **rope)),
+                       dtype=np.int64).view(ARGS_DTYPE)
+    ka = np.frombuffer(bytearray(pack_kv_args(**kv)), dtype=np.int64).view(KV_ARGS_DTYPE)
+    name = kv_kernel_name(dtype, interleaved, vec, src, fp8)
+    import cupy
+    with cupy.cuda.Device(device):
+        fn = MODULES.functions(device, kv_family_of(src))[name]
+        fn(grid, block, (ra, ka), shared_mem=smem, stream=Stream(stream_ptr))

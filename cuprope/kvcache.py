@@ -1,0 +1,378 @@
+"""Fused RoPE + KV-cache append: rotate q, rotate k, and write the rotated k
+and v into a paged KV cache, in one launch (decode and prefill alike).
+
+Shapes
+------
+q ``[T, Hq, D]``, k and v ``[T, Hk, D]`` (packed tokens, the serving layout)
+or ``[B, S, H, D]`` (token t = b·S + s); any stride for the token and head
+dims, the last dim contiguous; float32, float16 or bfloat16, one dtype.
+
+positions : int32/int64 ``[T]`` (or ``[B, S]``), with a leading stream axis
+    ``[n_streams, T]`` under a stream map (MRoPE); contiguous. Token t turns
+    by positions[t] · inv_freq, exactly as ``cuprope.rope_forward`` with
+    ``positions=`` does (same cos/sin, same arithmetic: the rotated values
+    equal the core's bit for bit). Every ``RopeConfig`` scheme: shared or
+    per-head tables (per-head: Hq = Hk = table rows), stream maps, scale,
+    either pairing. ``config.layout`` is not read (the layout is q's rank).
+
+Caches (``kv_layout``): ``"NHD"`` pages ``[num_pages, page_size, Hk, D]`` or
+``"HND"`` ``[num_pages, Hk, page_size, D]``; as ``k_cache`` and ``v_cache``
+(same shape, dtype and strides) or one ``kv_cache`` ``[num_pages, 2, ...]``
+(k at index 0, v at 1). dtype: q's, or fp8 e4m3 (``float8_e4m3fn``, or its
+bytes as ``uint8``) with ``k_scale``/``v_scale``.
+
+Addressing, one of:
+  * ``slot_mapping`` int64 ``[T]``: slot = page·page_size + row; a negative
+    slot is padding (not written);
+  * FlashInfer's paged indices: ``kv_indices`` (pages of all sequences,
+    int32/int64), ``kv_indptr`` ``[B + 1]`` (sequence b owns
+    ``kv_indices[kv_indptr[b]:kv_indptr[b+1]]``), and per token
+    ``batch_indices`` and ``cache_positions`` ``[T]``: the token of sequence b
+    at position p goes to page ``kv_indices[kv_indptr[b] + p // page_size]``,
+    row ``p % page_size``. A negative batch index or position is padding.
+    ``kv_last_page_len`` ``[B]`` (optional) is read only by ``check=True``.
+
+Indices out of range (a slot past the cache, a batch index >= B, a position
+past the sequence's pages, a page id outside [0, num_pages)) are never
+written: the kernel skips those tokens' k and v (q is still rotated).
+``check=True`` reads the indices on the host first (a device sync) and
+raises ``ValueError`` naming the first bad one. Two tokens with one slot:
+which one lands is unspecified.
+
+fp8 (cache dtype e4m3): the rotated k (rounded to q's dtype, i.e. the core's
+output) and v are stored as e4m3 of ``x · (1/scale)`` (fp32 product, 1/scale
+rounded to fp32, round to nearest even, saturating to ±448; NaN stores
+0x7f). ``k_scale``, ``v_scale``: float32 device scalars ``[]`` or ``[1]``, or
+per head ``[Hk]`` (both), read by the kernel at run time (a captured CUDA
+graph sees new values). ``q_out`` may be e4m3 too, with ``q_scale``.
+``kvcache_reference.dequantize`` reads a cache back.
+
+q is rotated in place unless ``q_out`` is given (q's shape; q's dtype or
+e4m3). Returns q_out (or q).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from . import kvcache_reference as kref
+from ._core import engine, host, validate
+from ._core.arrays import describe, overlaps
+from ._core.kvlaunch import copy_packs, launch_kv, pick_kv_vec
+from ._core.loader import KV_ANGLES, KV_FP8_CACHE, KV_FP8_Q
+from .config import RopeConfig
+
+__all__ = ["rope_append_kv", "KV_LAYOUTS", "token_geometry", "index_info", "to_host",
+           "np_view"]
+
+KV_LAYOUTS = ("NHD", "HND")
+
+
+def token_geometry(info, name):
+    """(B, S, H, D, (batch, token, head strides)) of a ``[T, H, D]`` (B = 1,
+    S = T) or ``[B, S, H, D]`` array."""
+    shp, st = tuple(info.shape), tuple(info.strides)
+    if len(shp) == 3:
+        return 1, shp[0], shp[1], shp[2], (0, st[0], st[1])
+    if len(shp) == 4:
+        return shp[0], shp[1], shp[2], shp[3], st[:3]
+    raise ValueError(f"{name} must be [T, H, D] or [B, S, H, D], got shape {list(shp)}")
+
+
+def index_info(x, name, device, shapes, dtypes=("int32", "int64")):
+    """An index array: one of ``dtypes`` (TypeError), on ``device``, one of
+    ``shapes`` and C-contiguous (ValueError)."""
+    info = describe(x, name)
+    if info.dtype not in dtypes:
+        raise TypeError(f"{name} must have dtype {' or '.join(dtypes)}, got {info.dtype}")
+    validate.check_index(info, name, device, [tuple(s) for s in shapes])
+    expect = 1
+    for n, st in zip(reversed(info.shape), reversed(info.strides)):
+        if n > 1 and st != expect:
+            raise ValueError(f"{name} must be contiguous")
+        expect *= n
+    return info
+
+
+def to_host(info) -> np.ndarray:
+    """A host NumPy copy (or view) of an index or scale array (a device sync
+    for GPU arrays)."""
+    if info.device < 0:
+        return np_view(info)
+    if info.kind == "torch":
+        return info.array.detach().cpu().numpy()
+    return info.array.get()
+
+
+def np_view(info) -> np.ndarray:
+    """A NumPy view of a host array, fp8 torch tensors as ``float8_e4m3fn``."""
+    if info.kind == "torch" and info.dtype == "float8_e4m3fn":
+        import torch
+        return info.array.view(torch.uint8).numpy().view(kref.np_dtype("float8_e4m3fn"))
+    return host.to_numpy(info)
+
+
+def _is_fp8(info):
+    return info.dtype in kref.FP8_DTYPES
+
+
+def _caches(k_cache, v_cache, kv_cache, kv_layout, q, hk, d):
+    """(k info, v info or None, k/v (ptr, strides (page, row, head)), pages,
+    page_size); separate caches or one combined kv_cache."""
+    if kv_layout not in KV_LAYOUTS:
+        raise ValueError(f"kv_layout must be one of {KV_LAYOUTS}, got {kv_layout!r}")
+    if (kv_cache is None) == (k_cache is None and v_cache is None):
+        raise ValueError("give k_cache and v_cache, or one kv_cache")
+    if kv_cache is None and (k_cache is None or v_cache is None):
+        raise ValueError("k_cache and v_cache go together")
+    infos = ([describe(kv_cache, "kv_cache")] if kv_cache is not None
+             else [describe(k_cache, "k_cache"), describe(v_cache, "v_cache")])
+    rank = 5 if kv_cache is not None else 4
+    for i, name in zip(infos, ("kv_cache",) if kv_cache is not None else ("k_cache", "v_cache")):
+        if i.dtype != q.dtype and not _is_fp8(i):
+            raise TypeError(f"{name} must have q's dtype ({q.dtype}) or float8_e4m3fn (uint8 "
+                            f"bytes), got {i.dtype}")
+        if i.device != q.device:
+            raise ValueError(f"{name} is on device {i.device} but q is on {q.device}")
+        if len(i.shape) != rank or (rank == 5 and i.shape[1] != 2):
+            lead = "[num_pages, 2, " if rank == 5 else "[num_pages, "
+            dims = "page_size, Hk, D]" if kv_layout == "NHD" else "Hk, page_size, D]"
+            raise ValueError(f"{name} must be {lead}{dims} ({kv_layout}), got shape "
+                             f"{list(i.shape)}")
+        validate.check_last_dim(i, name)
+        validate.check_writable(i, name)
+    if len(infos) == 2 and (infos[0].shape != infos[1].shape or infos[0].dtype != infos[1].dtype
+                            or infos[0].strides != infos[1].strides):
+        raise ValueError("k_cache and v_cache must share shape, dtype and strides")
+    c = infos[0]
+    pages, a, b, dd = c.shape[0], *c.shape[-3:]
+    heads, page_size = (b, a) if kv_layout == "NHD" else (a, b)
+    if heads != hk or dd != d:
+        raise ValueError(f"the cache holds {heads} heads of {dd} dims but k and v have {hk} of "
+                         f"{d}")
+    st = c.strides
+    sa, sb = st[-3], st[-2]
+    strides = (st[0], sa, sb) if kv_layout == "NHD" else (st[0], sb, sa)
+    if len(infos) == 2:
+        return infos[0], infos[1], (c.ptr, strides), (infos[1].ptr, strides), pages, page_size
+    return c, None, (c.ptr, strides), (c.ptr + st[1] * c.itemsize, strides), pages, page_size
+
+
+def _scale(x, name, device, sizes):
+    if x is None:
+        raise ValueError(f"{name} is needed: an fp8 target is stored as e4m3 of x * (1/{name})")
+    info = describe(x, name)
+    if info.dtype != "float32":
+        raise TypeError(f"{name} must be a float32 array, got {info.dtype}")
+    if info.device != device:
+        raise ValueError(f"{name} is on device {info.device}, not with the tensors ({device})")
+    if tuple(info.shape) not in sizes or (info.size > 1 and info.strides[0] != 1):
+        raise ValueError(f"{name} must have shape " + " or ".join(str(list(s)) for s in sizes)
+                         + f" (contiguous), got {list(info.shape)}")
+    return info
+
+
+def rope_append_kv(q, k, v, config, positions, *, k_cache=None, v_cache=None, kv_cache=None,
+                   kv_layout="NHD", slot_mapping=None, kv_indices=None, kv_indptr=None,
+                   batch_indices=None, cache_positions=None, kv_last_page_len=None, q_out=None,
+                   q_scale=None, k_scale=None, v_scale=None, check=False, stream=None):
+    """Rotate q (into ``q_out``, else in place) and k by ``config`` at
+    ``positions``, and write the rotated k and v into the cache rows the
+    addressing names, in one launch. See the module docstring for shapes,
+    addressing, fp8 and what is skipped. Returns q_out (or q)."""
+    if not isinstance(config, RopeConfig):
+        raise TypeError(f"config must be a cuprope.RopeConfig, got {type(config).__name__}")
+    qi, ki, vi = describe(q, "q"), describe(k, "k"), describe(v, "v")
+    geo = {}
+    for info, name in ((qi, "q"), (ki, "k"), (vi, "v")):
+        validate.check_float(info, name)
+        validate.check_last_dim(info, name)
+        geo[name] = token_geometry(info, name)
+    validate.check_same_kind(qi, ki, "q", "k")
+    validate.check_same_kind(qi, vi, "q", "v")
+    b, s, hq, d, _ = geo["q"]
+    hk = geo["k"][2]
+    for name in ("k", "v"):
+        if geo[name][:2] != (b, s) or geo[name][3] != d or geo[name][2] != hk:
+            raise ValueError(f"{name} must have q's tokens and head dim and k's heads: q "
+                             f"{list(qi.shape)}, k {list(ki.shape)}, v {list(vi.shape)}")
+    if config.rotary_dim > d:
+        raise ValueError(f"rotary_dim ({config.rotary_dim}) must be <= the head dim ({d})")
+    if config.per_head and not config.inv_freq.shape[0] == hq == hk:
+        raise ValueError(f"a per-head table needs Hq = Hk = its rows ({config.inv_freq.shape[0]}),"
+                         f" got Hq {hq}, Hk {hk}")
+    t = b * s
+    validate.check_tokens(t, "T")
+    dev = qi.device
+    kc, vc, kloc, vloc, pages, page_size = _caches(k_cache, v_cache, kv_cache, kv_layout, qi, hk, d)
+    fp8_cache = _is_fp8(kc)
+    for c in (kc, vc):
+        if c is not None and any(overlaps(c, x) for x in (qi, ki, vi)):
+            raise ValueError("the cache overlaps q, k or v")
+    tshapes = [(t,), (b, s)] if len(qi.shape) == 4 else [(t,)]
+    ns = config.n_streams
+    pos = index_info(positions, "positions", dev, [(ns,) + x if ns > 1 else x for x in tshapes])
+    addr = _addressing(dev, tshapes, slot_mapping, kv_indices, kv_indptr, batch_indices,
+                       cache_positions, kv_last_page_len)
+    qo = _q_out(q_out, qi, (ki, vi, kc, vc))
+    q8 = _is_fp8(qo)
+    scales = {"q": _scale(q_scale, "q_scale", dev, [(), (1,)]) if q8 else None}
+    for name, x in (("k", k_scale), ("v", v_scale)):
+        scales[name] = _scale(x, f"{name}_scale", dev, [(), (1,), (hk,)]) if fp8_cache else None
+    if not fp8_cache and (k_scale is not None or v_scale is not None):
+        raise ValueError("k_scale and v_scale are read only for an fp8 (e4m3) cache")
+    if not q8 and q_scale is not None:
+        raise ValueError("q_scale is read only for an fp8 (e4m3) q_out")
+    if fp8_cache and scales["k"].size != scales["v"].size:
+        raise ValueError("k_scale and v_scale must both be per tensor or both per head")
+    if check:
+        kref.check_indices({n: to_host(i).astype(np.int64).reshape(-1) for n, i in addr.items()},
+                           pages, page_size)
+    if t == 0:
+        return qo.obj
+    if dev < 0:
+        _host_append(config, qi, ki, vi, qo, pos, kc, vc, kv_layout, pages, page_size, addr,
+                     scales)
+        return qo.obj
+    _gpu_append(config, qi, ki, vi, qo, pos, (geo, kloc, vloc, pages, page_size), addr, scales,
+                stream)
+    return engine.hand_back([qi], [qo], engine.stream_handle(stream, qi))[0]
+
+
+def _addressing(dev, tshapes, slot_mapping, kv_indices, kv_indptr, batch_indices,
+                cache_positions, kv_last_page_len):
+    """{name: info} of the addressing arrays (slot_mapping, or the paged ones)."""
+    paged = {"kv_indices": kv_indices, "kv_indptr": kv_indptr, "batch_indices": batch_indices,
+             "cache_positions": cache_positions}
+    if slot_mapping is not None:
+        if any(x is not None for x in paged.values()) or kv_last_page_len is not None:
+            raise ValueError("give slot_mapping or the paged indices (kv_indices, kv_indptr, "
+                             "batch_indices, cache_positions), not both")
+        return {"slot_mapping": index_info(slot_mapping, "slot_mapping", dev, tshapes,
+                                           ("int64",))}
+    missing = [n for n, x in paged.items() if x is None]
+    if missing:
+        raise ValueError(f"give slot_mapping, or all of the paged indices (missing: "
+                         f"{', '.join(missing)})")
+    out = {n: index_info(paged[n], n, dev, tshapes) for n in ("batch_indices", "cache_positions")}
+    kvi = describe(kv_indices, "kv_indices")
+    out["kv_indices"] = index_info(kv_indices, "kv_indices", dev, [tuple(kvi.shape[:1])])
+    if len(kvi.shape) != 1:
+        raise ValueError(f"kv_indices must be 1-D, got shape {list(kvi.shape)}")
+    ipi = describe(kv_indptr, "kv_indptr")
+    if len(ipi.shape) != 1 or ipi.shape[0] < 1:
+        raise ValueError(f"kv_indptr must be 1-D [B + 1], got shape {list(ipi.shape)}")
+    out["kv_indptr"] = index_info(kv_indptr, "kv_indptr", dev, [tuple(ipi.shape)])
+    if kv_last_page_len is not None:
+        out["kv_last_page_len"] = index_info(kv_last_page_len, "kv_last_page_len", dev,
+                                             [(ipi.shape[0] - 1,)])
+    return out
+
+
+def _q_out(q_out, qi, others):
+    if q_out is None:
+        if qi.kind == "jax":
+            raise TypeError("JAX arrays are immutable: give q_out= (q is rotated in place)")
+        validate.check_writable(qi, "q")
+        return qi
+    qo = describe(q_out, "q_out")
+    if qo.kind != qi.kind or qo.device != qi.device or tuple(qo.shape) != tuple(qi.shape):
+        raise ValueError(f"q_out must be a {qi.kind} array of q's shape {list(qi.shape)} on its "
+                         f"device, got {qo.kind} {list(qo.shape)} on {qo.device}")
+    if qo.dtype != qi.dtype and not _is_fp8(qo):
+        raise TypeError(f"q_out must have q's dtype ({qi.dtype}) or float8_e4m3fn, got {qo.dtype}")
+    if qo.kind == "jax":
+        raise TypeError("JAX arrays are immutable: q_out cannot be one")
+    validate.check_last_dim(qo, "q_out")
+    validate.check_writable(qo, "q_out")
+    if overlaps(qo, qi) and not (validate.same_view(qo, qi) and qo.dtype == qi.dtype):
+        raise ValueError("q_out overlaps q without being exactly q (omit q_out to rotate in place)")
+    if any(o is not None and overlaps(qo, o) for o in others):
+        raise ValueError("q_out overlaps k, v or the cache")
+    return qo
+
+
+def cache_views(kc, vc, kv_layout, fp8):
+    """NumPy views of host k and v caches as ``[pages, page_size, Hk, D]``
+    (uint8 bytes for fp8)."""
+    if vc is None:
+        whole = np_view(kc)
+        kview, vview = whole[:, 0], whole[:, 1]
+    else:
+        kview, vview = np_view(kc), np_view(vc)
+    if kv_layout == "HND":
+        kview, vview = kview.transpose(0, 2, 1, 3), vview.transpose(0, 2, 1, 3)
+    if fp8:
+        kview, vview = kview.view(np.uint8), vview.view(np.uint8)
+    return kview, vview
+
+
+def _host_append(config, qi, ki, vi, qo, pos, kc, vc, kv_layout, pages, page_size, addr, scales):
+    """The NumPy backend: float64 rotation rounded once to q's dtype (the core's
+    reference), then the same stores the kernel makes."""
+    t = qi.size // (qi.shape[-1] * qi.shape[-2])
+    x = {n: np_view(i).astype(np.float64).reshape(t, i.shape[-2], i.shape[-1])
+         for n, i in (("q", qi), ("k", ki), ("v", vi))}
+    p = to_host(pos).astype(np.int64).reshape((config.n_streams, t) if config.n_streams > 1
+                                              else (t,))
+    validate.check_positions(p)
+    sc = {n: None if i is None else to_host(i).astype(np.float32).reshape(-1)
+          for n, i in scales.items()}
+    qr = kref.rotate_config(x["q"], p, config)
+    kr = kref.rotate_config(x["k"], p, config)
+    h = {n: to_host(i).astype(np.int64).reshape(-1) for n, i in addr.items()}
+    valid, page, row = kref.cache_rows(pages, page_size, slot_mapping=h.get("slot_mapping"),
+                                       batch_indices=h.get("batch_indices"),
+                                       cache_positions=h.get("cache_positions"),
+                                       kv_indices=h.get("kv_indices"),
+                                       kv_indptr=h.get("kv_indptr"))
+    enc_q = kref.encode(qr, qi.dtype, sc["q"])
+    enc_k = kref.encode(kr[valid], qi.dtype, sc["k"])
+    enc_v = kref.encode(x["v"][valid], qi.dtype, sc["v"])
+    out_q = np_view(qo)
+    (out_q.view(np.uint8) if sc["q"] is not None else out_q)[...] = enc_q.reshape(out_q.shape)
+    kview, vview = cache_views(kc, vc, kv_layout, sc["k"] is not None)
+    kview[page[valid], row[valid]] = enc_k
+    vview[page[valid], row[valid]] = enc_v
+
+
+def _gpu_append(config, qi, ki, vi, qo, pos, cache, addr, scales, stream):
+    geo, kloc, vloc, pages, page_size = cache
+    b, s, hq, d, qst = geo["q"]
+    hk, kst, vst = geo["k"][2], geo["k"][4], geo["v"][4]
+    qost = token_geometry(qo, "q_out")[4]
+    r = config.rotary_dim
+    fp8 = (KV_FP8_Q if scales["q"] is not None else 0) | (
+        KV_FP8_CACHE if scales["k"] is not None else 0)
+    cache_isz = 1 if fp8 & KV_FP8_CACHE else qi.itemsize
+    vec = pick_kv_vec(qi.dtype, [(qi.ptr, qi.itemsize, qst), (ki.ptr, ki.itemsize, kst),
+                                 (vi.ptr, vi.itemsize, vst), (qo.ptr, qo.itemsize, qost),
+                                 (kloc[0], cache_isz, kloc[1]), (vloc[0], cache_isz, vloc[1])],
+                      r // 2, d - r)
+    inv_freq, smap = config.device_tables(qi.device)
+    rope = dict(in_ptr=(qi.ptr, ki.ptr), out_ptr=(qo.ptr, 0), in_sb=(qst[0], kst[0]),
+                in_ss=(qst[1], kst[1]), in_sh=(qst[2], kst[2]), out_sb=(qost[0], 0),
+                out_ss=(qost[1], 0), out_sh=(qost[2], 0), heads=(hq, hk), n_batch=b, n_seq=s,
+                head_dim=d, rot_dim=r, copy_rest=copy_packs(d - r, vec, True), pos_ptr=pos.ptr,
+                pos_is64=int(pos.dtype == "int64"), pos_s_stream=b * s, pos_sb=s, pos_ss=1,
+                inv_freq_ptr=inv_freq.data.ptr, freq_sh=r // 2 if config.per_head else 0,
+                stream_map_ptr=0 if smap is None else smap.data.ptr, scale=config.scale,
+                sin_sign=1.0)
+    kv = dict(v_ptr=vi.ptr, v_sb=vst[0], v_ss=vst[1], v_sh=vst[2], k_cache=kloc[0],
+              v_cache=vloc[0], kc_sp=kloc[1][0], kc_sr=kloc[1][1], kc_sh=kloc[1][2],
+              vc_sp=vloc[1][0], vc_sr=vloc[1][1], vc_sh=vloc[1][2], num_pages=pages,
+              page_size=page_size, write_rest=int(not validate.same_view(qo, qi)))
+    if "slot_mapping" in addr:
+        kv["slot_ptr"] = addr["slot_mapping"].ptr
+    else:
+        names = ("batch_indices", "cache_positions", "kv_indices", "kv_indptr")
+        kv.update(batch_ptr=addr[names[0]].ptr, cpos_ptr=addr[names[1]].ptr,
+                  indices_ptr=addr[names[2]].ptr, indptr_ptr=addr[names[3]].ptr,
+                  n_indices=addr["kv_indices"].shape[0], n_seqs=addr["kv_indptr"].shape[0] - 1,
+                  index_is64=sum(1 << i for i, n in enumerate(names)
+                                 if addr[n].dtype == "int64"))
+    for n in ("q", "k", "v"):
+        if scales[n] is not None:
+            kv[f"{n}_scale"] = scales[n].ptr
+    kv["kv_scale_sh"] = int(scales["k"] is not None and scales["k"].size > 1)
+    launch_kv(qi.device, engine.stream_handle(stream, qi), dtype=qi.dtype,
+              interleaved=config.interleaved, vec=vec, src=KV_ANGLES, fp8=fp8, rope=rope, kv=kv)

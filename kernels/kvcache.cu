@@ -1,0 +1,3 @@
+// Translation unit of the KV-cache dialect (cuprope/_core/loader.py: the
+// kvcache families, one instantiation of cuprope::kv_rope_kernel per name).
+#include "kvcache.cuh"

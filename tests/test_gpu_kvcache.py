@@ -1,0 +1,306 @@
+"""The KV-cache kernels on the GPU (skipped with a reason where there is none).
+
+Rotated q and the k written to the cache must equal ``cuprope.rope_forward``'s
+GPU result bit for bit (same cos/sin, same arithmetic); fp8 caches must hold
+exactly the e4m3 bytes the NumPy rules (``kvcache_reference.scaled_e4m3``,
+checked against the spec in test_kvcache.py) give for those values. Caches
+start as random bytes: every byte not written by the spec must survive.
+"""
+import zlib
+
+import numpy as np
+import pytest
+
+import cuprope
+from conftest import GPU_TESTS
+from cuprope import kvcache, kvcache_reference as kref
+from cuprope.cos_sin_cache import rotary_embedding
+from oracle import assert_matches
+from test_kvcache import (assert_bytes_equal, distinct_rows, expected_cache, spec_cos_sin,
+                          spec_slot)
+
+pytestmark = GPU_TESTS
+
+
+def _torch():
+    import torch
+    return torch
+
+
+def tdt(name):
+    torch = _torch()
+    return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
+            "fp8": torch.float8_e4m3fn}[name]
+
+
+def gen(seed, device="cuda"):
+    """A torch generator on ``device``: the tensors it draws live there (the
+    check_append cases also run on "cpu", the NumPy backend, in
+    test_kvcache_cases.py)."""
+    g = _torch().Generator(device=device)
+    g.manual_seed(seed)
+    return g
+
+
+def randn(shape, dtype, g):
+    return _torch().randn(shape, device=g.device, generator=g).to(tdt(dtype))
+
+
+def sentinel(shape, dtype, g):
+    torch = _torch()
+    t = tdt(dtype)
+    n = int(np.prod(shape)) * torch.empty((), dtype=t).element_size()
+    raw = torch.randint(0, 256, (n,), dtype=torch.uint8, device=g.device, generator=g)
+    return raw.view(t).view(shape)
+
+
+def host_bytes(t):
+    """[..., D] tensor -> uint8 [..., D * itemsize] on the host (a copy, not a
+    view of a CPU tensor)."""
+    return t.contiguous().view(_torch().uint8).cpu().numpy().copy()
+
+
+def thd(cfg):
+    return cuprope.RopeConfig(cfg.rotary_dim, inv_freq=cfg.inv_freq, interleaved=cfg.interleaved,
+                              scale=cfg.scale, layout="thd", stream_map=cfg.stream_map)
+
+
+SCHEMES = {
+    "default": lambda d, il: cuprope.RopeConfig(d, base=500000.0, interleaved=il),
+    "partial": lambda d, il: cuprope.RopeConfig(d // 2, interleaved=il),
+    "yarn": lambda d, il: cuprope.RopeConfig(d, inv_freq=cuprope.scaling.yarn_table(
+        d, 1e6, 4.0, original_max_position_embeddings=2048)[0], scale=1.1, interleaved=il),
+}
+
+
+def check_append(seed, dtype, cfg, cache, addressing, kv_layout="NHD", combined=False, t=37,
+                 hq=8, hk=2, d=128, pages=23, ps=16, per_head_scale=False, q_offset=0,
+                 device="cuda"):
+    """One fused call against the core kernel and the spec's cache rows."""
+    torch = _torch()
+    g = gen(seed, device)
+    rng = np.random.default_rng(seed)
+    if q_offset:  # a q whose rows start off the 16-byte grid: the one-pair width
+        q = randn((t, hq, d + q_offset), dtype, g)[:, :, q_offset:]
+    else:
+        q = randn((t, hq, d), dtype, g)
+    k, v = randn((t, hk, d), dtype, g), randn((t, hk, d), dtype, g)
+    pos = torch.from_numpy(rng.integers(0, 2 ** 31 - 1, t)).to(device)
+    pos[:4] = torch.tensor([0, 1, 4095, 131071])[:t]
+    cdt = "fp8" if cache == "fp8" else dtype
+    inner = (ps, hk, d) if kv_layout == "NHD" else (hk, ps, d)
+    caches = ({"kv_cache": sentinel((pages, 2) + inner, cdt, g)} if combined else
+              {"k_cache": sentinel((pages,) + inner, cdt, g),
+               "v_cache": sentinel((pages,) + inner, cdt, g)})
+    before = {n: host_bytes(c) for n, c in caches.items()}
+    kw = {}
+    if cache == "fp8":
+        shape = (hk,) if per_head_scale else ()
+        kw["k_scale"] = torch.rand(shape, device=device, generator=g) * 0.2 + 0.01
+        kw["v_scale"] = torch.rand(shape, device=device, generator=g) * 0.2 + 0.01
+    if addressing == "slots":
+        slots = rng.permutation(pages * ps)[:t].astype(np.int64)
+        slots[3 % t], slots[-1] = -1, pages * ps + 5       # padding, past the cache
+        rows = [spec_slot(s_, ps, pages) for s_ in slots]
+        kw["slot_mapping"] = torch.from_numpy(slots).to(device)
+    else:
+        indices = np.append(rng.permutation(pages), pages + 1).astype(np.int32)
+        indptr = np.array([0, 5, 5, 12, 24], np.int32)
+        bi = rng.integers(0, 4, t).astype(np.int32)
+        cp = rng.integers(0, 12 * ps, t).astype(np.int32)
+        bi[3 % t], cp[-1] = -1, -1
+        rows = distinct_rows(bi, cp, indices, indptr, ps, pages)  # a repeated row: padding
+        kw.update({n: torch.from_numpy(a).to(device) for n, a in (
+            ("kv_indices", indices), ("kv_indptr", indptr), ("batch_indices", bi),
+            ("cache_positions", cp))})
+    q0, k0 = q.clone(), k.clone()
+    q_core = cuprope.rope_forward(q0, thd(cfg), positions=pos)
+    k_core = cuprope.rope_forward(k0, thd(cfg), positions=pos)
+    out = kvcache.rope_append_kv(q, k, v, cfg, pos, kv_layout=kv_layout, **caches, **kw)
+    if device != "cpu":
+        torch.cuda.synchronize()
+    assert out is q
+    assert np.array_equal(host_bytes(q), host_bytes(q_core)), "q differs from the core's"
+    if cache == "fp8":
+        ks = kw["k_scale"].cpu().numpy().reshape(-1)
+        vs = kw["v_scale"].cpu().numpy().reshape(-1)
+        kb = kref.scaled_e4m3(k_core.float().cpu().numpy(), ks[:, None] if ks.size > 1 else ks[0])
+        vb = kref.scaled_e4m3(v.float().cpu().numpy(), vs[:, None] if vs.size > 1 else vs[0])
+    else:
+        kb, vb = host_bytes(k_core), host_bytes(v)
+    for name, c in caches.items():
+        exp = before[name]
+        for plane, vals in (((0, kb), (1, vb)) if combined else
+                            (((None, kb),) if name == "k_cache" else ((None, vb),))):
+            exp = expected_cache(exp, rows, vals, kv_layout, plane)
+        assert_bytes_equal(host_bytes(c), exp)
+
+
+# The check_append cases, as functions of the device (test_kvcache_cases.py
+# runs them on "cpu", the NumPy backend, to catch a wrong case before a GPU
+# sees it).
+def fused_case(dtype, cache, addressing, kv_layout, device="cuda"):
+    check_append(zlib.crc32(f"{dtype}{cache}{addressing}{kv_layout}".encode()), dtype,
+                 SCHEMES["default"](128, False), cache, addressing, kv_layout, device=device)
+
+
+def schemes_case(scheme, interleaved, device="cuda"):
+    check_append(7 + interleaved, "bfloat16", SCHEMES[scheme](128, interleaved), "fp8", "paged",
+                 "HND" if interleaved else "NHD", combined=True, per_head_scale=True,
+                 device=device)
+
+
+def head_dims_case(d, device="cuda"):
+    for t in (1, 3, 64):
+        check_append(d + t, "bfloat16", SCHEMES["default"](d, False), "fp8", "slots", t=t, hq=32,
+                     hk=8, d=d, pages=300, device=device)
+
+
+def unaligned_case(device="cuda"):
+    check_append(11, "bfloat16", SCHEMES["partial"](128, True), "same", "slots", q_offset=1,
+                 device=device)
+
+
+def per_head_case(device="cuda"):
+    rng = np.random.default_rng(3)
+    per_head = cuprope.RopeConfig(128, inv_freq=rng.uniform(1e-4, 1.0, (4, 64)))
+    check_append(12, "bfloat16", per_head, "same", "paged", hq=4, hk=4, device=device)
+
+
+# (parameters shared with test_kvcache_cases.py)
+FUSED_PARAMS = [(dt, c, a, lay) for dt in ("bfloat16", "float16", "float32")
+                for c in ("same", "fp8") for a in ("slots", "paged") for lay in ("NHD", "HND")]
+SCHEME_PARAMS = [(sc, il) for sc in sorted(SCHEMES) for il in (False, True)]
+HEAD_DIMS = [64, 256]
+
+
+@pytest.mark.parametrize("dtype,cache,addressing,kv_layout", FUSED_PARAMS)
+def test_fused_equals_the_core_and_the_spec(dtype, cache, addressing, kv_layout):
+    fused_case(dtype, cache, addressing, kv_layout)
+
+
+@pytest.mark.parametrize("scheme,interleaved", SCHEME_PARAMS)
+def test_schemes_combined_kv_per_head_scales(scheme, interleaved):
+    schemes_case(scheme, interleaved)
+
+
+@pytest.mark.parametrize("d", HEAD_DIMS)
+def test_head_dims_and_decode_sizes(d):
+    head_dims_case(d)
+
+
+def test_unaligned_rows_take_the_one_pair_width():
+    unaligned_case()
+
+
+def test_per_head_table_and_mrope_equal_the_core():
+    per_head_case()
+    torch = _torch()
+    g = gen(13)
+    mrope = cuprope.scaling.mrope_config([16, 24, 24], base=1e6)
+    t = 21
+    q, k, v = randn((t, 4, 128), "bfloat16", g), randn((t, 2, 128), "bfloat16", g), \
+        randn((t, 2, 128), "bfloat16", g)
+    pos = torch.randint(0, 100000, (3, t), device="cuda", dtype=torch.int32, generator=g)
+    kc = torch.zeros(2, 16, 2, 128, device="cuda", dtype=torch.bfloat16)
+    vc = torch.zeros_like(kc)
+    q_core = cuprope.rope_forward(q.clone(), thd(mrope), positions=pos)
+    k_core = cuprope.rope_forward(k.clone(), thd(mrope), positions=pos)
+    kvcache.rope_append_kv(q, k, v, mrope, pos, k_cache=kc, v_cache=vc,
+                           slot_mapping=torch.arange(t, device="cuda"))
+    assert np.array_equal(host_bytes(q), host_bytes(q_core))
+    assert np.array_equal(host_bytes(kc.view(32, 2, 128)[:t]), host_bytes(k_core))
+    assert np.array_equal(host_bytes(vc.view(32, 2, 128)[:t]), host_bytes(v))
+
+
+def test_q_out_fp8():
+    torch = _torch()
+    g = gen(5)
+    q, k, v = randn((9, 8, 128), "bfloat16", g), randn((9, 2, 128), "bfloat16", g), \
+        randn((9, 2, 128), "bfloat16", g)
+    pos = torch.arange(9, device="cuda") * 7919
+    cfg = SCHEMES["default"](128, False)
+    q_out = torch.zeros(9, 8, 128, device="cuda", dtype=torch.float8_e4m3fn)
+    kc = torch.zeros(1, 16, 2, 128, device="cuda", dtype=torch.float8_e4m3fn)
+    qs = torch.tensor([0.05], device="cuda")
+    one = torch.ones((), device="cuda")
+    q0 = q.clone()
+    kvcache.rope_append_kv(q, k, v, cfg, pos, k_cache=kc, v_cache=kc.clone(), q_out=q_out,
+                           q_scale=qs, k_scale=one, v_scale=one,
+                           slot_mapping=torch.arange(9, device="cuda"))
+    assert torch.equal(q, q0)
+    q_core = cuprope.rope_forward(q0, thd(cfg), positions=pos)
+    assert np.array_equal(host_bytes(q_out), kref.scaled_e4m3(q_core.float().cpu().numpy(), 0.05))
+
+
+def test_cuda_graph_decode_step_sees_new_positions_slots_and_scales():
+    """A decode step captured once and replayed with new inputs, positions,
+    slots and scales matches eager calls on copies of the same state."""
+    torch = _torch()
+    g = gen(21)
+    b, hq, hk, d, pages, ps = 8, 32, 8, 128, 40, 16
+    cfg = SCHEMES["default"](d, False)
+    q, k, v = (randn((b, h, d), "bfloat16", g) for h in (hq, hk, hk))
+    pos = torch.zeros(b, dtype=torch.int64, device="cuda")
+    slots = torch.zeros(b, dtype=torch.int64, device="cuda")
+    ks, vs = torch.ones((), device="cuda"), torch.ones((), device="cuda")
+    kv = sentinel((pages, 2, ps, hk, d), "fp8", g)
+
+    def step(q_, k_, v_, pos_, slots_, kv_, ks_, vs_):
+        return kvcache.rope_append_kv(q_, k_, v_, cfg, pos_, kv_cache=kv_, slot_mapping=slots_,
+                                      k_scale=ks_, v_scale=vs_)
+    step(q, k, v, pos, slots, kv, ks, vs)                  # warm-up: compile, device tables
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step(q, k, v, pos, slots, kv, ks, vs)
+    rng = np.random.default_rng(0)
+    for it in range(3):
+        new = [randn(x.shape, "bfloat16", g) for x in (q, k, v)]
+        for dst, src in zip((q, k, v), new):
+            dst.copy_(src)
+        pos.copy_(torch.from_numpy(rng.integers(0, 10 ** 6, b)))
+        sl = rng.permutation(pages * ps)[:b]
+        sl[it] = -1
+        slots.copy_(torch.from_numpy(sl))
+        ks.fill_(float(rng.uniform(0.01, 0.3)))
+        vs.fill_(float(rng.uniform(0.01, 0.3)))
+        kv_eager, q_eager = kv.clone(), q.clone()
+        step(q_eager, k.clone(), v.clone(), pos, slots, kv_eager, ks, vs)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert np.array_equal(host_bytes(q), host_bytes(q_eager))
+        assert np.array_equal(host_bytes(kv), host_bytes(kv_eager))
+        assert not np.array_equal(host_bytes(q), host_bytes(new[0]))  # it did rotate
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+@pytest.mark.parametrize("neox", [True, False])
+@pytest.mark.parametrize("table_dtype", ["float32", "same"])
+def test_rotary_embedding_gpu(dtype, neox, table_dtype):
+    torch = _torch()
+    g = gen(31)
+    t, hq, hk, d, r = 45, 32, 8, 128, 128 if neox else 64
+    ang = np.arange(4096)[:, None] * 10000.0 ** (-np.arange(r // 2) / (r // 2))
+    table = torch.from_numpy(np.concatenate([np.cos(ang), np.sin(ang)], -1)).float().cuda()
+    if table_dtype == "same":
+        table = table.to(tdt(dtype))
+    qkv = randn((t, (hq + 2 * hk) * d), dtype, g)
+    query, key = qkv[:, :hq * d], qkv[:, hq * d:(hq + hk) * d]
+    pos = torch.randint(0, 4096, (t,), device="cuda", generator=g)
+    pos[5] = 4096                                              # outside the table: untouched
+    before = qkv.clone()
+    import cuprope.torch as ctorch
+    ctorch.rotary_embedding(pos, query, key, d, table, neox)
+    torch.cuda.synchronize()
+    tab = table.double().cpu().numpy()
+    p = pos.cpu().numpy()
+    for x, x0, h in ((query, before[:, :hq * d], hq), (key, before[:, hq * d:(hq + hk) * d], hk)):
+        ref = spec_cos_sin(x0.double().cpu().numpy().reshape(t, h, d), p, tab, neox)
+        assert_matches(x.double().cpu().numpy().reshape(t, h, d), ref, 5.0, dtype)
+    assert np.array_equal(host_bytes(qkv[5]), host_bytes(before[5]))
+    assert np.array_equal(host_bytes(qkv[:, (hq + hk) * d:]), host_bytes(before[:, (hq + hk) * d:]))
+    if not neox:
+        view = qkv[:, :(hq + hk) * d].reshape(t, hq + hk, d)
+        assert np.array_equal(host_bytes(view[:, :, r:]),
+                              host_bytes(before[:, :(hq + hk) * d].reshape(t, hq + hk, d)[:, :, r:]))
