@@ -2,3 +2,4 @@
 // name_expressions, one per instantiation of cuprope::rope_kernel and
 // cuprope::lrpe_seq_stats_kernel).
 #include "rope.cuh"
+#include "qknorm.cuh"
