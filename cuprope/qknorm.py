@@ -94,7 +94,7 @@ def rope_qk_norm_backward(q, k, grad_q, grad_k, config, *, q_weight=None, k_weig
               norm_over, rounding, tables, positions, offset, seq_offsets)
     out_infos = validate.output_infos(c.ginfos, ("grad_q", "grad_k"), validate.pair(out), False,
                                       any_input=True)
-    c.check_outputs(out_infos)
+    c.check_outputs(out_infos, c.infos)
     if all(i.size == 0 for i in c.infos):
         dq, dk = engine.empty_result(c.ginfos, out_infos)
         return (dq, dk) + c.zero_weight_grads()
@@ -185,10 +185,13 @@ class _Call:
         strides = validate.check_tables(cinfo, sinfo, self.infos[0], self.b, self.s, self.layout)
         return cinfo, sinfo, strides
 
-    def check_outputs(self, out_infos):
+    def check_outputs(self, out_infos, read=()):
+        """No output overlaps a weight, a table or an array in ``read`` (the
+        backward's saved q, k)."""
         for o in out_infos or ():
             for t, name in [(w, "a weight") for w in self.winfos if w is not None] + (
-                    [(self.tables[0], "cos"), (self.tables[1], "sin")] if self.tables else []):
+                    [(self.tables[0], "cos"), (self.tables[1], "sin")] if self.tables else []) + [
+                    (x, "q or k") for x in read]:
                 if overlaps(o, t):
                     raise ValueError(f"an output overlaps {name}")
 

@@ -11,6 +11,9 @@ module is imported only by users who want it.
 * CUDA graphs: warm up once per (config, device) before capture, so the
   frequency table is already on the device; calls then allocate only outputs
   through torch's (graph-aware) allocator.
+* ``rope_qk_norm(q, k, config, *, q_weight=None, k_weight=None, ...)`` — the
+  fused QK-norm + RoPE (``cuprope.qknorm``), differentiable in q, k and the
+  weights, with its custom ops (``cuprope/torch_qknorm.py``).
 * ``apply_rotary_pos_emb(q, k, cos, sin, position_ids=None, unsqueeze_dim=1)``
   — a drop-in for Hugging Face's function of that name: it reads the model's
   own cos/sin tensors (``cuprope.tables``) and returns HF's result bit for bit,
@@ -31,7 +34,8 @@ import torch
 from . import api, tables
 from .config import RopeConfig, config_by_key
 
-__all__ = ["rope_qk", "rope", "RopeQKFunction", "apply_rotary_pos_emb"]
+__all__ = ["rope_qk", "rope", "RopeQKFunction", "apply_rotary_pos_emb", "rope_qk_norm",
+           "RopeQKNormFunction"]
 
 # Custom ops take only tensors and scalars: configs travel as their integer key.
 
@@ -275,3 +279,6 @@ def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, si
     if not (q.requires_grad or k.requires_grad):
         return tables.rope_qk_table_forward(q, k, cos, sin, layout=layout)
     return _TableQKFunction.apply(q, k, cos, sin, layout, False)
+
+
+from .torch_qknorm import RopeQKNormFunction, rope_qk_norm  # noqa: E402  (re-exported)

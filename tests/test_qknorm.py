@@ -305,3 +305,60 @@ def test_errors_name_the_argument(kw, exc, match):
 def test_config_must_be_a_ropeconfig():
     with pytest.raises(TypeError, match="config"):
         qknorm.rope_qk_norm_forward(np.zeros((1, 2, 1, 4)), np.zeros((1, 2, 1, 4)), object())
+
+
+def test_backward_out_must_not_overlap_the_saved_inputs():
+    cfg = cuprope.RopeConfig(16)
+    q = np.zeros((1, 3, 2, 16), np.float32)
+    k = np.zeros((1, 3, 1, 16), np.float32)
+    with pytest.raises(ValueError, match="overlaps q or k"):
+        qknorm.rope_qk_norm_backward(q, k, q.copy(), k.copy(), cfg, out=(q, k.copy()))
+
+
+# ---------------------------------------------------------------- torch adapter (CPU)
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compile"])
+@pytest.mark.parametrize("order,over", [("norm_then_rope", "head"), ("rope_then_norm", "token")])
+def test_torch_adapter_gradients(compiled, order, over):
+    from cuprope import torch as ctorch
+    g = torch.Generator().manual_seed(0)
+    cfg = cuprope.RopeConfig(16, base=100.0)
+    q = torch.randn(2, 5, 4, 24, generator=g).requires_grad_()
+    k = torch.randn(2, 5, 2, 24, generator=g).requires_grad_()
+    wq = torch.randn(24 if over == "head" else 96, generator=g).requires_grad_()
+    wk = torch.randn(24 if over == "head" else 48, generator=g).requires_grad_()
+    cq, ck = torch.randn(2, 5, 4, 24, generator=g), torch.randn(2, 5, 2, 24, generator=g)
+    pos = torch.arange(5) * 3
+
+    def loss_fn(q, k, wq, wk):
+        a, b = ctorch.rope_qk_norm(q, k, cfg, q_weight=wq, k_weight=wk, weight_offset=1.0,
+                                   order=order, norm_over=over, positions=pos)
+        return (a * cq).sum() + (b * ck).sum()
+
+    if compiled:
+        loss_fn = torch.compile(loss_fn, fullgraph=True, backend="aot_eager")
+    loss_fn(q, k, wq, wk).backward()
+    ang = _angles(cfg, 2, 5, positions=pos.numpy())
+    for x, w, c in ((q, wq, cq), (k, wk, ck)):
+        x64 = x.detach().double().requires_grad_()
+        w64 = w.detach().double().requires_grad_()
+        y = torch_qknorm(x64, ang, 16, False, 1.0, w64, 1.0, 1e-6, over, order)
+        (y * c.double()).sum().backward()
+        np.testing.assert_allclose(x.grad.numpy(), x64.grad.numpy(), atol=1e-5 * x64.grad.abs().max().item())
+        np.testing.assert_allclose(w.grad.numpy(), w64.grad.numpy(), atol=1e-5 * w64.grad.abs().max().item())
+
+
+def test_torch_custom_ops_pass_opcheck():
+    from cuprope import torch as ctorch
+    cfg = cuprope.RopeConfig(16)
+    key = cfg.key
+    q = torch.randn(2, 5, 3, 16, requires_grad=True)
+    k = torch.randn(2, 5, 1, 16, requires_grad=True)
+    wq = torch.randn(16, requires_grad=True)
+    pos = torch.arange(5, dtype=torch.int32)
+    scalars = (key, 2, 1e-6, "rms", 1.0, "norm_then_rope", "head", "exact")
+    torch.library.opcheck(torch.ops.cuprope.rope_qk_norm.default,
+                          (q, k, wq, None, None, None, pos, None) + scalars)
+    torch.library.opcheck(torch.ops.cuprope.rope_qk_norm_backward.default,
+                          (q.detach(), k.detach(), torch.randn_like(q), torch.randn_like(k), wq.detach(),
+                           None, None, None, pos, None) + scalars)
+    assert ctorch.rope_qk_norm is not None
