@@ -21,7 +21,7 @@ import numpy as np
 
 from . import reference
 
-__all__ = ["forward", "backward", "model_forward", "ROUNDINGS"]
+__all__ = ["forward", "backward", "model_forward", "rotation", "ROUNDINGS"]
 
 ROUNDINGS = ("exact", "cast_then_weight", "weight_then_cast")
 
@@ -43,7 +43,7 @@ def _rsqrt_ms(v, eps, over):
     return 1.0 / np.sqrt(np.mean(v * v, axis=axes, keepdims=True) + eps)
 
 
-def _rot(x, angles, rotary_dim, interleaved, scale, inverse=False):
+def rotation(x, angles, rotary_dim, interleaved, scale, inverse=False):
     """The rotation (``inverse``: its transpose) by ``angles`` (``[B, S, H or
     1, R/2]``) or by HF's tables, ``angles = (cos, sin)`` each ``[B or 1, S,
     1, R]``: x·cos + rotate_half(x)·sin, transposed x·cos + rotate_halfᵀ(x·sin)."""
@@ -67,10 +67,10 @@ def forward(x, angles, *, rotary_dim, interleaved, scale=1.0, weight=None, weigh
     x = np.asarray(x, dtype=np.float64)
     wf = _weight_factor(weight, weight_offset, x.shape[2], x.shape[3], over)
     if order == "rope_then_norm":
-        z = _rot(x, angles, rotary_dim, interleaved, scale)
+        z = rotation(x, angles, rotary_dim, interleaved, scale)
         return z * _rsqrt_ms(z, eps, over) * wf
     n = x * _rsqrt_ms(x, eps, over) * wf
-    return _rot(n, angles, rotary_dim, interleaved, scale)
+    return rotation(n, angles, rotary_dim, interleaved, scale)
 
 
 def _norm_backward(v, u_in, wf, eps, over):
@@ -93,11 +93,11 @@ def backward(x, dy, angles, *, rotary_dim, interleaved, scale=1.0, weight=None,
     h, d = x.shape[2], x.shape[3]
     wf = _weight_factor(weight, weight_offset, h, d, over)
     if order == "rope_then_norm":
-        z = _rot(x, angles, rotary_dim, interleaved, scale)
+        z = rotation(x, angles, rotary_dim, interleaved, scale)
         dz, terms = _norm_backward(z, dy, wf, eps, over)
-        dx = _rot(dz, angles, rotary_dim, interleaved, scale, inverse=True)
+        dx = rotation(dz, angles, rotary_dim, interleaved, scale, inverse=True)
     else:
-        g = _rot(dy, angles, rotary_dim, interleaved, scale, inverse=True)
+        g = rotation(dy, angles, rotary_dim, interleaved, scale, inverse=True)
         dx, terms = _norm_backward(x, g, wf, eps, over)
     if weight is None:
         return dx, None
@@ -156,7 +156,7 @@ def model_forward(x, dtype, *, rotary_dim, interleaved, rounding, angles=None, s
         if tables is not None:
             return reference.rotate_with_tables(v, tables[0], tables[1], interleaved=interleaved,
                                                 inverse=False, dtype=dtype)
-        return _to(_rot(v, angles, rotary_dim, interleaved, scale), dtype)
+        return _to(rotation(v, angles, rotary_dim, interleaved, scale), dtype)
 
     if order == "rope_then_norm":
         return _model_norm(rope(x), dtype, weight, weight_offset, eps, over, rounding)

@@ -229,19 +229,20 @@ def _tiny(model_type):
     return AutoConfig.for_model(model_type, **kw)
 
 
-def _hf_attention_qk(model_type, dtype, seed):
+def _hf_attention_qk(model_type, dtype, seed, device="cpu"):
     """(q_proj, k_proj outputs [B, S, H, D], the model's q/k after norm + RoPE
-    [B, S, H, D], the norm weights, cos, sin) of layer 0 of a tiny random model."""
+    [B, S, H, D], the norm weights, cos, sin, eps) of layer 0 of a tiny random
+    model on ``device``."""
     from transformers import AutoModelForCausalLM
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(_tiny(model_type)).to(dtype)
+    model = AutoModelForCausalLM.from_config(_tiny(model_type)).to(dtype).to(device)
     with torch.no_grad():
         for p in model.parameters():  # HF inits some weights to ones/zeros: make them random
             p.normal_(0.0, 0.5)
     inner = model.model
     attn = inner.layers[0].self_attn
-    hidden = torch.randn(2, 11, 64, dtype=dtype)
-    pos = torch.arange(3, 14)[None].expand(2, -1)
+    hidden = torch.randn(2, 11, 64, dtype=dtype).to(device)
+    pos = torch.arange(3, 14, device=device)[None].expand(2, -1)
     rot = inner.rotary_emb if hasattr(inner, "rotary_emb") else None
     try:
         cos, sin = rot(hidden, pos)
