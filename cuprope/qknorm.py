@@ -45,7 +45,9 @@ from ._core.args import pack_args
 from ._core.arrays import describe, empty_like, overlaps, wrap_like
 from ._core.driver import Stream
 from ._core.layout import canon_sizes, canon_strides, to_canon
-from ._core.loader import MODULES, QKNORM_DW_KERNEL, qknorm_kernel_name
+from ._core.launch import SMEM_LIMIT, TensorPlan, pick_vec, sm_count
+from ._core.loader import (MODULES, QKNORM_DW_KERNEL, qknorm_kernel_name,
+                           qknorm_rows_kernel_name, vec_widths)
 from .config import RopeConfig
 
 __all__ = ["rope_qk_norm_forward", "rope_qk_norm_backward"]
@@ -266,21 +268,30 @@ class _Call:
 
     # ------------------------------------------------------------ GPU
     def gpu(self, out_infos, stream, backward):
-        """Launch qknorm_kernel (and, backward with weights, the reduction)."""
+        """Launch qknorm_rows_kernel (the fast path) or qknorm_kernel, and,
+        backward with weights, the weight gradients' reduction."""
         ins = self.ginfos if backward else self.infos
         stream_ptr = engine.stream_handle(stream, self.infos[0])
         _, _, out_infos = engine.outputs(ins, out_infos)
-        sms = _sm_count(self.device)
-        tokens = self.b * self.s
-        blocks = max(1, -(-min(tokens, 32 * sms) // _WARPS))
+        sms = sm_count(self.device)
+        npairs = self.config.rotary_dim // 2
         wlen = [0 if w is None else w.shape[0] for w in self.winfos]
         part_cols = wlen[0] + wlen[1]
-        part = _workspace(self.device, stream_ptr, blocks * _WARPS * part_cols) if (
+        vec = self._fast_vec(ins, out_infos, backward, part_cols)
+        warps = min(self.b * self.s, (8 if vec else 4) * _WARPS * sms)
+        blocks = max(1, -(-warps // _WARPS))
+        smem = _WARPS * npairs * 8
+        if vec:
+            name = qknorm_rows_kernel_name(self.dtype, self.config.interleaved, backward)
+            smem += _fast_rows_bytes(npairs, vec, part_cols) if backward else 0
+            rows = blocks       # one partial row per block
+        else:
+            name = qknorm_kernel_name(self.dtype, self.config.interleaved, backward)
+            rows = blocks * _WARPS  # one per warp
+        part = _workspace(self.device, stream_ptr, rows * part_cols) if (
             backward and part_cols) else None
         args = self._pack(ins, out_infos, part, part_cols, wlen)
-        name = qknorm_kernel_name(self.dtype, self.config.interleaved, backward)
         fns = MODULES.functions(self.device, "qknorm")
-        smem = _WARPS * (self.config.rotary_dim // 2) * 8
         buf = np.frombuffer(bytearray(args), dtype=np.dtype([("raw", np.uint8, (len(args),))]))
 
         def launch():
@@ -289,9 +300,28 @@ class _Call:
         engine.on_device(self.device, launch)
         dws = [None, None]
         if backward:
-            dws = self._reduce(fns, part, blocks * _WARPS, part_cols, wlen, stream_ptr)
+            dws = self._reduce(fns, part, rows, part_cols, wlen, stream_ptr)
         outs = engine.hand_back(ins, out_infos, stream_ptr)
         return outs + tuple(dws)
+
+    def _fast_vec(self, ins, out_infos, backward, part_cols):
+        """The fast path's pack width, or 0 where qknorm_kernel runs: the norm
+        per head, R = D, angles computed (no tables), every tensor aligned for
+        the widest packs, at most 32 lanes per head, shared memory within bounds."""
+        npairs = self.config.rotary_dim // 2
+        widest = vec_widths(self.dtype)[0]
+        if (self.over != "head" or self.config.rotary_dim != self.d or self.tables
+                or npairs % widest or npairs // widest > 32):
+            return 0
+        plans = engine.tensor_plans(ins, out_infos, self.layout)
+        if backward:
+            plans += [TensorPlan(x.ptr, x.ptr, canon_strides(x.strides, self.layout),
+                                 canon_strides(x.strides, self.layout), p.heads)
+                      for x, p in zip(self.infos, plans)]
+        vec = pick_vec(self.dtype, plans, npairs, 0, self.b, self.s, (widest, 1))
+        need = _WARPS * npairs * 8 + (_fast_rows_bytes(npairs, widest, part_cols) if backward
+                                      else 0)
+        return widest if vec == widest and need <= SMEM_LIMIT else 0
 
     def _reduce(self, fns, part, rows, part_cols, wlen, stream_ptr):
         dws = []
@@ -347,9 +377,9 @@ class _Call:
         return pack_args(**fields) + _EXTRA.pack(*flat, self.eps, self.weight_offset)
 
 
-def _sm_count(device):
-    from ._core.launch import sm_count
-    return sm_count(device)
+def _fast_rows_bytes(npairs, vec, part_cols):
+    """Shared bytes of the fast backward's dw rows: one per head row of each warp."""
+    return _WARPS * (32 // (npairs // vec)) * part_cols * 4
 
 
 def _workspace(device, stream_ptr, n):

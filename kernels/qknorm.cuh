@@ -326,6 +326,178 @@ __global__ void __launch_bounds__(256) qknorm_kernel(const QkNormArgs a) {
   }
 }
 
+// ---------------------------------------------------------------- head rows
+// The fast path for the common case: the norm over each head, R = D, 16-byte
+// packs (the host checks alignment and npairs / VEC <= 32), angles computed
+// (shared or per-head table). Like rope_kernel's register rows: a lane owns
+// chunk c of a head, VEC pairs in two packs (p0 at e0, p1 at e1 =
+// e0 + R/2; interleaved pairs sit in adjacent elements, pair_slot), the warp
+// covers rpw = 32 / cpr heads per step, cpr = npairs / VEC lanes per head, and
+// the head's sum (of squares; backward, of n * w' * g) is a segmented
+// shuffle over its cpr lanes (seg_sum). The head stays in registers between
+// the reduction and the store. Backward: the lane adds its dw terms to its own
+// columns of its head row's slice of shared memory over every head and token
+// it handles, and at the end the block sums the slices in a fixed order into
+// its own partial row (part_ptr row = blockIdx.x).
+template <bool INTERLEAVED, int VEC>
+__device__ __forceinline__ void rotate_vals(float (&x)[2][VEC], const float2 (&cs)[VEC],
+                                            float sign) {
+#pragma unroll
+  for (int v = 0; v < VEC; ++v) {
+    const Slot q = pair_slot<INTERLEAVED, VEC>(v);
+    const float x1 = x[q.k1][q.i1], x2 = x[q.k2][q.i2];
+    const float c = cs[v].x, sn = cs[v].y * sign;
+    x[q.k1][q.i1] = x1 * c - x2 * sn;
+    x[q.k2][q.i2] = x2 * c + x1 * sn;
+  }
+}
+
+template <typename T, int VEC>
+__device__ __forceinline__ void load_vals(long long ptr, long long off, int e0, int e1,
+                                          float (&x)[2][VEC]) {
+  unpack_f32<T, VEC>(load_pack<T, VEC>(ptr, off + e0), x[0]);
+  unpack_f32<T, VEC>(load_pack<T, VEC>(ptr, off + e1), x[1]);
+}
+
+template <typename T, int VEC>
+__device__ __forceinline__ void store_vals(long long ptr, long long off, int e0, int e1,
+                                           const float (&x)[2][VEC]) {
+  Pack<T, VEC> p;
+  pack_f32<T, VEC>(x[0], p);
+  store_pack<T, VEC>(ptr, off + e0, p);
+  pack_f32<T, VEC>(x[1], p);
+  store_pack<T, VEC>(ptr, off + e1, p);
+}
+
+// w' of column e of tensor t's per-head weight (1 with none).
+__device__ __forceinline__ float head_weight(const QkNormArgs& a, int t, int e) {
+  return a.w_ptr[t] ? add_exact(static_cast<float>(a.weight_offset), weight_at(a, t, e)) : 1.f;
+}
+
+// The block's dw partial row: the sum, in order, of its warps' head rows of
+// dw terms in shared memory (rows[nrows][part_cols], each lane adding to its
+// own columns of row wib * rpw + sub).
+__device__ __forceinline__ void block_dw_row(const QkNormArgs& a, const float* rows, int nrows) {
+  const long long cols = a.part_cols;
+  __syncthreads();  // every warp is done with its tokens
+  float* part = reinterpret_cast<float*>(a.part_ptr) + blockIdx.x * cols;
+  for (long long col = threadIdx.x; col < cols; col += blockDim.x) {
+    float sum = 0.f;
+    for (int r = 0; r < nrows; ++r) sum += rows[r * cols + col];
+    part[col] = sum;
+  }
+}
+
+template <typename T, bool INTERLEAVED, int VEC, bool BWD>
+__global__ void __launch_bounds__(256, 2) qknorm_rows_kernel(const QkNormArgs a) {
+  extern __shared__ float2 qk_cs[];  // [warps][npairs] cos/sin; BWD: then [warps * rpw][part_cols]
+  const int lane = threadIdx.x & 31, wib = threadIdx.x >> 5;
+  const int npairs = static_cast<int>(a.r.rot_dim >> 1);
+  const int cpr = npairs / VEC, rpw = 32 / cpr;
+  const int sub = lane / cpr, c = lane - sub * cpr;
+  const int heads0 = static_cast<int>(a.r.heads[0]);
+  const int htot = heads0 + static_cast<int>(a.r.heads[1]);
+  const float inv_d = 1.f / static_cast<float>(a.r.head_dim);
+  const float eps = static_cast<float>(a.eps);
+  float2* cs = qk_cs + wib * npairs;
+  const int e0 = c * VEC, e1 = e0 + npairs;
+  const ChunkPairs<INTERLEAVED, VEC> pair_at{e0, e1};
+  const long long warp = static_cast<long long>(blockIdx.x) * (blockDim.x >> 5) + wib;
+  const long long n_warps = static_cast<long long>(gridDim.x) * (blockDim.x >> 5);
+  const long long tokens = a.r.n_batch * a.r.n_seq;
+  // BWD: the lane's dw terms go to its columns of row wib * rpw + sub (zeroed first)
+  [[maybe_unused]] float* rows = reinterpret_cast<float*>(qk_cs + (blockDim.x >> 5) * npairs);
+  [[maybe_unused]] float* my_row = rows + (wib * rpw + sub) * a.part_cols;
+  if (BWD) {
+    for (long long i = threadIdx.x; i < (blockDim.x >> 5) * rpw * a.part_cols; i += blockDim.x)
+      rows[i] = 0.f;
+    __syncthreads();
+  }
+  for (long long tok = warp; tok < tokens; tok += n_warps) {
+    const unsigned b = static_cast<unsigned>(tok / a.r.n_seq);
+    const unsigned s = static_cast<unsigned>(tok - static_cast<long long>(b) * a.r.n_seq);
+    const long long pos0 = a.r.stream_map_ptr ? 0 : token_position(a.r, b, s, 0);
+    if (!a.r.freq_sh) {
+      for (int p = lane; p < npairs; p += 32) cs[p] = pair_cos_sin(a.r, b, s, p, 0, pos0);
+    }
+    __syncwarp();
+    for (int hb = 0; hb < htot; hb += rpw) {
+      const int h = hb + sub;
+      const bool on = sub < rpw && h < htot;
+      const int t = h >= heads0 ? 1 : 0;
+      const int hh = t ? h - heads0 : h;
+      float2 csv[VEC];
+#pragma unroll
+      for (int v = 0; v < VEC; ++v) {
+        const int j = pair_at(v);
+        csv[v] = a.r.freq_sh ? (on ? pair_cos_sin(a.r, b, s, j, hh, pos0) : make_float2(0.f, 0.f))
+                             : cs[j];
+      }
+      const long long in_off = b * a.r.in_sb[t] + s * a.r.in_ss[t] + hh * a.r.in_sh[t];
+      const long long out_off = b * a.r.out_sb[t] + s * a.r.out_ss[t] + hh * a.r.out_sh[t];
+      float x[2][VEC] = {}, g[2][VEC] = {};  // forward: x; backward: x and dy
+      if (on) {
+        const long long x_off = BWD ? b * a.x_sb[t] + s * a.x_ss[t] + hh * a.x_sh[t] : in_off;
+        load_vals<T, VEC>(BWD ? a.x_ptr[t] : a.r.in_ptr[t], x_off, e0, e1, x);
+        if (BWD) load_vals<T, VEC>(a.r.in_ptr[t], in_off, e0, e1, g);
+      }
+      if (a.rope_first) {
+        rotate_vals<INTERLEAVED, VEC>(x, csv, 1.f);
+        if (!BWD && a.rounding) {
+#pragma unroll
+          for (int k = 0; k < 2; ++k)
+#pragma unroll
+            for (int i = 0; i < VEC; ++i) x[k][i] = round_to<T>(x[k][i]);
+        }
+      }
+      float ss = 0.f;
+#pragma unroll
+      for (int k = 0; k < 2; ++k)
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) ss = fmaf(x[k][i], x[k][i], ss);
+      ss = seg_sum(ss, c, cpr, sub * cpr);
+      const float r = rsqrtf(add_exact(__fdiv_rn(ss, static_cast<float>(a.r.head_dim)), eps));
+      const bool has_w = a.w_ptr[t] != 0;
+      if constexpr (!BWD) {
+#pragma unroll
+        for (int k = 0; k < 2; ++k)
+#pragma unroll
+          for (int i = 0; i < VEC; ++i)
+            x[k][i] = norm_value<T>(a, has_w, x[k][i], r,
+                                    on ? head_weight(a, t, (k ? e1 : e0) + i) : 1.f);
+        if (!a.rope_first) rotate_vals<INTERLEAVED, VEC>(x, csv, 1.f);
+        if (on) store_vals<T, VEC>(a.r.out_ptr[t], out_off, e0, e1, x);
+      } else {
+        if (!a.rope_first) rotate_vals<INTERLEAVED, VEC>(g, csv, -1.f);
+        float dot = 0.f;
+#pragma unroll
+        for (int k = 0; k < 2; ++k)
+#pragma unroll
+          for (int i = 0; i < VEC; ++i) {
+            x[k][i] *= r;  // n
+            dot = fmaf(x[k][i], (on ? head_weight(a, t, (k ? e1 : e0) + i) : 1.f) * g[k][i], dot);
+          }
+        const float mean = seg_sum(dot, c, cpr, sub * cpr) * inv_d;
+#pragma unroll
+        for (int k = 0; k < 2; ++k)
+#pragma unroll
+          for (int i = 0; i < VEC; ++i) {
+            const float wf = on ? head_weight(a, t, (k ? e1 : e0) + i) : 1.f;
+            if (on && has_w) {
+              float& dw = my_row[a.w_col[t] + (k ? e1 : e0) + i];
+              dw = fmaf(g[k][i], x[k][i], dw);
+            }
+            x[k][i] = r * (wf * g[k][i] - x[k][i] * mean);  // dv
+          }
+        if (a.rope_first) rotate_vals<INTERLEAVED, VEC>(x, csv, -1.f);
+        if (on) store_vals<T, VEC>(a.r.out_ptr[t], out_off, e0, e1, x);
+      }
+    }
+    __syncwarp();
+  }
+  if constexpr (BWD) block_dw_row(a, rows, (blockDim.x >> 5) * rpw);
+}
+
 // The weight gradients from the partial rows: column c of out is the sum of
 // part[0..rows)[col0 + c] in a fixed order (8 slices of rows, each summed in
 // order, then the slices in order), stored in out_dtype (0 f32, 1 f16, 2 bf16).

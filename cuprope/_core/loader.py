@@ -149,6 +149,13 @@ def qknorm_kernel_name(dtype: str, interleaved: bool, backward: bool) -> str:
     return f"cuprope::qknorm_kernel<{DTYPE_CTYPES[dtype]}, {_b(interleaved)}, {_b(backward)}>"
 
 
+def qknorm_rows_kernel_name(dtype: str, interleaved: bool, backward: bool) -> str:
+    """Name expression of the fast path ``qknorm_rows_kernel`` (norm per head,
+    R = D, the widest packs) for ``dtype``."""
+    return (f"cuprope::qknorm_rows_kernel<{DTYPE_CTYPES[dtype]}, {_b(interleaved)}, "
+            f"{vec_widths(dtype)[0]}, {_b(backward)}>")
+
+
 QKNORM_DW_KERNEL = "cuprope::qknorm_dw_kernel"
 """The QK-norm weight-gradient reduction (kernels/qknorm.cuh)."""
 
@@ -180,7 +187,8 @@ def family_of(act: int, src: int) -> str:
 
 def _family_names(family: str) -> list[str]:
     if family == "qknorm":
-        return [qknorm_kernel_name(dt, il, bwd) for dt in DTYPE_CTYPES for il in (False, True)
+        return [fn(dt, il, bwd) for fn in (qknorm_kernel_name, qknorm_rows_kernel_name)
+                for dt in DTYPE_CTYPES for il in (False, True)
                 for bwd in (False, True)] + [QKNORM_DW_KERNEL]
     for src, name in _PLAIN_FAMILIES.items():
         if family == name:
