@@ -74,8 +74,10 @@ def _config(scheme, r, interleaved, layout, heads, rng):
 def run_case(rng, *, dtype="bfloat16", layout="bshd", b=2, s=37, hq=4, hk=2, d=64, r=64,
              interleaved=False, scheme="default", order="norm_then_rope", over="head",
              norm="rms", weight=True, offset_w=0.0, positions=None, offset=0, seq_offsets=False,
-             fused_qkv=False, w_dtype="float32"):
-    """Forward and backward on the GPU against the float64 reference."""
+             fused_qkv=False, w_dtype="float32", misalign=False):
+    """Forward and backward on the GPU against the float64 reference.
+    ``misalign``: q and k start one element past a 16-byte boundary (the
+    general kernel instead of the fast path's 16-byte packs)."""
     if layout == "thd":
         b = 1
     cfg, pos_kind = _config(scheme, r, interleaved, layout, hq, rng)
@@ -95,6 +97,9 @@ def run_case(rng, *, dtype="bfloat16", layout="bshd", b=2, s=37, hq=4, hk=2, d=6
 
     def tensor(a, heads):
         a = _lay(a, layout)
+        if misalign:
+            flat = _dev(np.concatenate(([0.0], a.ravel())).astype(np.float32), dtype)
+            return flat[1:].view(a.shape)
         if not fused_qkv:
             return _dev(np.ascontiguousarray(a), dtype)
         big = np.zeros(a.shape[:-2] + (heads + 3, d), np.float32)  # a fused projection slice
@@ -199,6 +204,13 @@ def test_strided_qkv_slices_and_weight_dtypes(rng, dtype, w_dtype):
     run_case(rng, dtype=dtype, fused_qkv=True, w_dtype=w_dtype)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("order", ["norm_then_rope", "rope_then_norm"])
+def test_general_kernel_at_full_rotary(rng, dtype, order):
+    """R = D per head through qknorm_kernel (misaligned tensors), as the fast path's cases."""
+    run_case(rng, dtype=dtype, order=order, misalign=True)
+
+
 def test_many_tokens_weight_gradient_is_deterministic(rng):
     """More tokens than warps (each warp takes several), both weights."""
     run_case(rng, b=4, s=1500, hq=8, hk=2, d=128, r=128)
@@ -235,6 +247,15 @@ def test_model_rounding_is_hf_bit_for_bit_on_the_gpu(model_type, rounding, offse
     assert yq.is_cuda
     assert torch.equal(yq, qh), (yq.float() - qh.float()).abs().max()
     assert torch.equal(yk, kh), (yk.float() - kh.float()).abs().max()
+
+
+@pytest.mark.parametrize("model_type", ["qwen3", "gemma3_text"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_model_logits_on_the_gpu(model_type, dtype):
+    """A tiny Qwen3 / Gemma 3 with every attention layer swapped to the fused call:
+    the same logits (bf16 bit for bit; see test_qknorm.model_logits_match)."""
+    from test_qknorm import model_logits_match
+    model_logits_match(model_type, getattr(torch, dtype), 0, device="cuda")
 
 
 def test_torch_adapter_compiles_on_the_gpu(rng):

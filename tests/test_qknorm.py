@@ -363,3 +363,78 @@ def test_torch_custom_ops_pass_opcheck():
                           (q.detach(), k.detach(), torch.randn_like(q), torch.randn_like(k), wq.detach(),
                            None, None, None, pos, None) + scalars)
     assert ctorch.rope_qk_norm is not None
+
+
+# ---------------------------------------------------------------- whole models, bit for bit
+MODEL_MODES = {"qwen3": ("cast_then_weight", 0.0), "gemma3_text": ("weight_then_cast", 1.0)}
+
+
+class _Fused:
+    """Swaps every attention layer of a HF model to the fused call: q_norm and
+    k_norm become identities and the modelling module's apply_rotary_pos_emb
+    runs cuprope.torch.rope_qk_norm with the layer's norm weights (the layer
+    being run is recorded by a forward pre-hook). Undone on exit."""
+
+    def __init__(self, model, model_type):
+        self.model, self.rounding, self.offset = model, *MODEL_MODES[model_type]
+        self.layers = [m.self_attn for m in model.model.layers]
+        self.mod = __import__(type(self.layers[0]).__module__, fromlist=["x"])
+
+    def __enter__(self):
+        from cuprope import torch as ctorch
+        self.saved = self.mod.apply_rotary_pos_emb
+        self.norms = [(a.q_norm, a.k_norm) for a in self.layers]
+        current = {}
+        self.hooks = [a.register_forward_pre_hook(lambda m, args, c=current: c.update(m=m))
+                      for a in self.layers]
+        for a, (qn, kn) in zip(self.layers, self.norms):
+            a.q_norm, a.k_norm = torch.nn.Identity(), torch.nn.Identity()
+            a._cuprope_norms = (qn, kn)
+
+        def fused(q, k, cos, sin, unsqueeze_dim=1):
+            qn, kn = current["m"]._cuprope_norms
+            eps = getattr(qn, "variance_epsilon", getattr(qn, "eps", None))
+            cfg = cuprope.RopeConfig(cos.shape[-1], layout="bhsd")
+            return ctorch.rope_qk_norm(q, k, cfg, q_weight=qn.weight, k_weight=kn.weight,
+                                       eps=eps, weight_offset=self.offset,
+                                       rounding=self.rounding, tables=(cos, sin))
+        self.mod.apply_rotary_pos_emb = fused
+        return self
+
+    def __exit__(self, *exc):
+        self.mod.apply_rotary_pos_emb = self.saved
+        for h in self.hooks:
+            h.remove()
+        for a, (qn, kn) in zip(self.layers, self.norms):
+            a.q_norm, a.k_norm = qn, kn
+            del a._cuprope_norms
+
+
+def model_logits_match(model_type, dtype, seed, device="cpu"):
+    """Logits of a tiny random HF model with and without the fused call: equal
+    in bf16 (squares of bf16 values are exact in fp32, and so, here, are their
+    sums, whatever the order). In fp16 a square has 22 bits and PyTorch's order
+    of the fp32 sum can round differently in the last bit, now and then
+    flipping a q or k element by one ulp: there, equal within 1e-2·max|logit|."""
+    from transformers import AutoModelForCausalLM
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(_tiny(model_type)).to(dtype).to(device).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.5)
+    ids = torch.randint(0, 128, (2, 13), device=device)
+    with torch.no_grad():
+        ref = model(ids).logits
+        with _Fused(model, model_type):
+            got = model(ids).logits
+    if dtype == torch.bfloat16:
+        assert torch.equal(got, ref), (got.float() - ref.float()).abs().max()
+    else:
+        assert (got.float() - ref.float()).abs().max() <= 1e-2 * ref.float().abs().max()
+
+
+@pytest.mark.parametrize("model_type", list(MODEL_MODES))
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_model_logits_bit_for_bit(model_type, dtype, seed):
+    model_logits_match(model_type, getattr(torch, dtype), seed)
