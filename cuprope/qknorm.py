@@ -57,11 +57,13 @@ ORDERS = ("norm_then_rope", "rope_then_norm")
 NORM_OVER = ("head", "token")
 W_DTYPE = {"float32": 0, "float16": 1, "bfloat16": 2}
 
-# The fields of struct QkNormArgs after its RopeArgs (kernels/qknorm.cuh), in order.
-_EXTRA_FIELDS = (("x_ptr", 2), ("x_sb", 2), ("x_ss", 2), ("x_sh", 2), ("w_ptr", 2),
+# The int64 fields of struct QkNormArgs after its RopeArgs (kernels/qknorm.cuh), in
+# order, (name, count); then two doubles, eps and weight_offset. ARGS_EXTRA packs them
+# (tests/test_qknorm.py compares both with the C struct).
+ARGS_EXTRA_FIELDS = (("x_ptr", 2), ("x_sb", 2), ("x_ss", 2), ("x_sh", 2), ("w_ptr", 2),
                  ("w_dtype", 2), ("w_col", 2), ("part_ptr", 1), ("part_cols", 1),
                  ("norm_token", 1), ("rope_first", 1), ("rounding", 1), ("table", 1))
-_EXTRA = struct.Struct("<" + "q" * sum(n for _, n in _EXTRA_FIELDS) + "dd")
+ARGS_EXTRA = struct.Struct("<" + "q" * sum(n for _, n in ARGS_EXTRA_FIELDS) + "dd")
 _WARPS = 8  # per block (256 threads)
 _WORKSPACE: dict = {}  # (device, stream) -> the backward's partial-sum buffer (grown, kept)
 
@@ -374,7 +376,7 @@ class _Call:
                  [int(self.over == "token")], [int(self.order == "rope_then_norm")],
                  [qref.ROUNDINGS.index(self.rounding)], [int(self.tables is not None)])
         flat = [v for group in extra for v in group]
-        return pack_args(**fields) + _EXTRA.pack(*flat, self.eps, self.weight_offset)
+        return pack_args(**fields) + ARGS_EXTRA.pack(*flat, self.eps, self.weight_offset)
 
 
 def _fast_rows_bytes(npairs, vec, part_cols):

@@ -9,14 +9,18 @@ import pytest
 from cuprope._core import args, launch, loader
 
 
-def c_struct_fields():
-    """(name, count, kind) of struct RopeArgs, parsed from its header."""
-    src = loader.kernel_sources()["args.cuh"]
-    body = re.search(r"struct RopeArgs \{(.*?)\n\};", src, re.S).group(1)
+def c_struct_fields(header="args.cuh", struct_name="RopeArgs"):
+    """(name, count, kind) of a kernel argument struct, parsed from its header
+    (a member of type RopeArgs: ``(name, 1, "RopeArgs")``)."""
+    src = loader.kernel_sources()[header]
+    body = re.search(r"struct " + struct_name + r" \{(.*?)\n\};", src, re.S).group(1)
     fields = []
     for line in body.splitlines():
         line = line.split("//")[0].strip()
         if not line:
+            continue
+        if line.startswith("RopeArgs "):
+            fields.append((line[len("RopeArgs "):-1], 1, "RopeArgs"))
             continue
         m = re.match(r"(long long|double) (.*);$", line)
         assert m, line

@@ -438,3 +438,16 @@ def model_logits_match(model_type, dtype, seed, device="cpu"):
 @pytest.mark.parametrize("seed", [0, 1])
 def test_model_logits_bit_for_bit(model_type, dtype, seed):
     model_logits_match(model_type, getattr(torch, dtype), seed)
+
+
+def test_host_mirror_is_the_c_struct():
+    """cuprope/qknorm.py packs struct QkNormArgs (kernels/qknorm.cuh) field by field."""
+    from test_launch import c_struct_fields
+    from cuprope._core import args
+    fields = c_struct_fields("qknorm.cuh", "QkNormArgs")
+    assert fields[0] == ("r", 1, "RopeArgs")
+    assert tuple((n, c) for n, c, k in fields[1:] if k == "q") == qknorm.ARGS_EXTRA_FIELDS
+    assert [n for n, c, k in fields[1:] if k == "d"] == ["eps", "weight_offset"]
+    assert [k for _, _, k in fields[1:]] == ["q"] * len(qknorm.ARGS_EXTRA_FIELDS) + ["d", "d"]
+    size = args.ARGS.size + qknorm.ARGS_EXTRA.size
+    assert size == args.ARGS.size + 8 * (sum(c for _, c, _ in fields[1:]))
