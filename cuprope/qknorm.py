@@ -29,8 +29,10 @@ the two model modes the norm's output is rounded to the dtype before the
 rotation (the rotation's before the norm for ``rope_then_norm``), and with
 ``tables`` the rotation is HF's ``q·cos + rotate_half(q)·sin`` with PyTorch's
 roundings, so a Qwen3 or Gemma 3 attention block gets HF's q and k bit for bit
-(the fp32 sum of squares aside: its order is PyTorch's own). The backward is
-the exact gradient of the function in every mode.
+(the fp32 sums aside: their order is PyTorch's own; bf16 squares and products
+are exact in fp32). The backward is the exact gradient with
+``rounding="exact"``; in the model modes it is the gradient autograd forms for
+HF's modules, op by op in their dtypes (``qknorm_reference.model_backward``).
 """
 from __future__ import annotations
 
@@ -261,7 +263,14 @@ class _Call:
         for i, (info, ginfo) in enumerate(zip(self.infos, self.ginfos)):
             x = to_canon(host.to_numpy(info), self.layout)
             g = to_canon(host.to_numpy(ginfo), self.layout)
-            dx, dw = qref.backward(x, g, weight=self._host_weight(i), **kw)
+            if self.rounding == "exact":
+                dx, dw = qref.backward(x, g, weight=self._host_weight(i), **kw)
+            else:
+                angles = kw["angles"]
+                tabled = dict(tables=angles) if self.tables else dict(angles=angles)
+                rest = {k: v for k, v in kw.items() if k != "angles"}
+                dx, dw = qref.model_backward(x, g, x.dtype, rounding=self.rounding,
+                                             weight=self._host_weight(i), **tabled, **rest)
             dxs.append(dx)
             w = self.winfos[i]
             dws.append(None if dw is None else host.from_numpy(
@@ -309,11 +318,13 @@ class _Call:
     def _fast_vec(self, ins, out_infos, backward, part_cols):
         """The fast path's pack width, or 0 where qknorm_kernel runs: the norm
         per head, R = D, angles computed (no tables), every tensor aligned for
-        the widest packs, at most 32 lanes per head, shared memory within bounds."""
+        the widest packs, at most 32 lanes per head, shared memory within
+        bounds; not the model modes' backward."""
         npairs = self.config.rotary_dim // 2
         widest = vec_widths(self.dtype)[0]
         if (self.over != "head" or self.config.rotary_dim != self.d or self.tables
-                or npairs % widest or npairs // widest > 32):
+                or npairs % widest or npairs // widest > 32
+                or (backward and self.rounding != "exact")):
             return 0
         plans = engine.tensor_plans(ins, out_infos, self.layout)
         if backward:

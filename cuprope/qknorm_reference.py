@@ -21,7 +21,7 @@ import numpy as np
 
 from . import reference
 
-__all__ = ["forward", "backward", "model_forward", "rotation", "ROUNDINGS"]
+__all__ = ["forward", "backward", "model_forward", "model_backward", "rotation", "ROUNDINGS"]
 
 ROUNDINGS = ("exact", "cast_then_weight", "weight_then_cast")
 
@@ -161,3 +161,63 @@ def model_forward(x, dtype, *, rotary_dim, interleaved, rounding, angles=None, s
     if order == "rope_then_norm":
         return _model_norm(rope(x), dtype, weight, weight_offset, eps, over, rounding)
     return rope(_model_norm(x, dtype, weight, weight_offset, eps, over, rounding))
+
+
+def model_backward(x, dy, dtype, *, rotary_dim, interleaved, rounding, angles=None, scale=1.0,
+                   tables=None, weight=None, weight_offset=0.0, eps=1e-6, over="head",
+                   order="norm_then_rope"):
+    """The gradient autograd forms for ``model_forward`` on the CPU, op by op
+    in PyTorch's dtypes (x, dy: values of ``dtype``, ``[B, S, H, D]``):
+
+      g = the rotation's backward of dy (HF's tables: PyTorch's roundings; or
+          the transposed rotation rounded to dtype), or dy for rope_then_norm;
+      cast_then_weight: dh = (g·w'_T)_T, dw terms (g·h)_T with h = (v·r)_T,
+          dn = dh; weight_then_cast: dn = g·w' and dw terms g·n in fp32;
+          no weight: dn = g;
+      through n = v·r, r = rsqrt(var + eps), var = mean(v²) in fp32:
+          dr = Σ dn·v, du = (−0.5·dr)·r³ (r·r·r), dv = dn·r + (du / N)·(2v),
+      rounded to dtype (rope_then_norm: then the transposed rotation, rounded).
+    Sums (dr, dw) are correctly rounded to fp32 (PyTorch's order can differ in
+    the last bit). Returns (dx float64 holding dtype values, dw float64 of the
+    fp32 sum, or None)."""
+    x = np.asarray(x, dtype=np.float64)
+    dy = np.asarray(dy, dtype=np.float64)
+
+    def rope_t(v, inverse):
+        if tables is not None:
+            return reference.rotate_with_tables(v, tables[0], tables[1], interleaved=interleaved,
+                                                inverse=inverse, dtype=dtype)
+        return _to(rotation(v, angles, rotary_dim, interleaved, scale, inverse), dtype)
+
+    if order == "rope_then_norm":
+        v, gin = rope_t(x, False), dy
+    else:
+        v, gin = x, rope_t(dy, True)
+    axes = _unit_axes(over)
+    count = np.prod([v.shape[a] for a in axes])
+    vf = _f32(v)
+    var = _f32(np.sum((vf * vf).astype(np.float64), axis=axes, keepdims=True) / count)
+    r = np.float32(1.0) / np.sqrt(var + np.float32(eps))
+    n = vf * r
+    h, d = v.shape[2], v.shape[3]
+    dw = None
+    if weight is None:
+        dn = _f32(gin)
+    else:
+        w = _f32(np.asarray(weight, dtype=np.float64).reshape((1, d) if over == "head" else (h, d)))
+        wf = np.float32(weight_offset) + w
+        if rounding == "cast_then_weight":
+            dn = _f32(_to(gin * _to(wf, dtype), dtype))
+            terms = _to(gin * _to(n, dtype), dtype)
+        else:
+            dn = _f32(gin) * wf
+            terms = (_f32(gin) * n).astype(np.float64)
+        dw = _f32(terms.sum(axis=(0, 1, 2)) if over == "head"
+                  else terms.sum(axis=(0, 1)).reshape(-1)).astype(np.float64)
+    dr = _f32(np.sum((dn * vf).astype(np.float64), axis=axes, keepdims=True))
+    du = (np.float32(-0.5) * dr) * (r * r * r)
+    dv = dn * r + (du / np.float32(count)) * (np.float32(2.0) * vf)
+    dx = _to(dv, dtype)
+    if order == "rope_then_norm":
+        dx = rope_t(dx, True)
+    return dx, dw

@@ -118,6 +118,7 @@ class RopeQKNormFunction(torch.autograd.Function):
         detached = [None if t is None else t.detach() for t in tensors]
         ctx.save_for_backward(*detached)
         ctx.scalars = scalars
+        ctx.config = config_by_key(scalars[0])  # alive until the backward
         return _fwd_op(*detached, *scalars)
 
     @staticmethod

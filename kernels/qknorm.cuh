@@ -30,7 +30,8 @@
 // the norm's output is rounded to T before the rotation (and the rotation's
 // before the norm for rope_then_norm), as HF's modules hand tensors on; with
 // the caller's cos/sin tables the rotation is rotate_table's (PyTorch's
-// roundings). The backward is the exact one in every mode.
+// roundings). The backward: exact with rounding 0; in the model modes the
+// gradient autograd forms op by op (unit_backward_model; qknorm_kernel only).
 #pragma once
 
 #include "common.cuh"
@@ -282,6 +283,96 @@ __device__ __forceinline__ void unit_backward(const QkNormArgs& a, const QkToken
   }
 }
 
+// The model modes' backward: the gradient autograd forms for HF's modules,
+// op by op in their dtypes (cuprope/qknorm_reference.py model_backward):
+// gin = the rotation's backward of dy rounded to T (the tables': PyTorch's
+// roundings), or dy for rope_then_norm; dn = (gin * w'_T)_T with dw terms
+// (gin * (v r)_T)_T (cast_then_weight), or dn = gin * w', terms gin * v r
+// (weight_then_cast); dr = sum dn * v, du = (-0.5 dr) * (r r r),
+// dv = dn r + (du / N) * (2 v), rounded to T (rope_then_norm: then the
+// transposed rotation, rounded).
+template <typename T, bool INTERLEAVED>
+__device__ __forceinline__ void unit_backward_model(const QkNormArgs& a, const QkToken& tk,
+                                                    const QkUnit& u, int lane, float* part) {
+  const int npairs = static_cast<int>(a.r.rot_dim >> 1);
+  const int ni = static_cast<int>(a.r.head_dim) - npairs;
+  const long long xs = a.x_ptr[u.t], dys = a.r.in_ptr[u.t], dst = a.r.out_ptr[u.t];
+  const float r = unit_rsqrt<T, INTERLEAVED>(a, tk, u, xs, u.x_off, a.x_sh, true, lane);
+  const bool has_w = a.w_ptr[u.t] != 0;
+  // v (the norm's input) and dn of an item, and its dw terms
+  auto load = [&](int h, int i, const QkItem& it, float (&v)[2], float (&dn)[2],
+                  float (&term)[2]) {
+    pre_norm<T, INTERLEAVED>(a, tk, h, i, it, xs, u.x_off + h * a.x_sh[u.t], true, v);
+    const long long go = u.in_off + h * a.r.in_sh[u.t];
+    dn[0] = elem<T>(dys, go + it.e[0]);
+    dn[1] = it.n == 2 ? elem<T>(dys, go + it.e[1]) : 0.f;
+    if (it.n == 2 && !a.rope_first) {
+      const QkCosSin k2 = qk_cos_sin<T>(a, tk, h, i, it);
+      if (a.table) {
+        Pack<T, 1> p0, p1, tc[2], ts[2];
+        p0.v[0] = from_f32<T>(dn[0]);
+        p1.v[0] = from_f32<T>(dn[1]);
+        for (int m = 0; m < 2; ++m) {
+          tc[m].v[0] = from_f32<T>(k2.c[m]);
+          ts[m].v[0] = from_f32<T>(k2.sn[m]);
+        }
+        rotate_table<T, INTERLEAVED, 1>(p0, p1, tc, ts, true);
+        dn[0] = to_f32(p0.v[0]);
+        dn[1] = to_f32(p1.v[0]);
+      } else {
+        rot_bwd(k2, dn);
+        dn[0] = round_to<T>(dn[0]);
+        dn[1] = round_to<T>(dn[1]);
+      }
+    }
+    for (int m = 0; m < it.n; ++m) {
+      term[m] = 0.f;
+      if (!has_w) continue;
+      const float wf = weight_factor(a, u, h, it.e[m]);
+      const float n = mul_exact(v[m], r);
+      if (a.rounding == 1) {
+        term[m] = round_to<T>(mul_exact(dn[m], round_to<T>(n)));
+        dn[m] = round_to<T>(mul_exact(dn[m], round_to<T>(wf)));
+      } else {
+        term[m] = mul_exact(dn[m], n);
+        dn[m] = mul_exact(dn[m], wf);
+      }
+    }
+  };
+  float dr = 0.f;
+  for (int k = lane; k < u.nh * ni; k += 32) {
+    const int h = u.h0 + k / ni, i = k % ni;
+    const QkItem it = qk_item<INTERLEAVED>(i, npairs);
+    float v[2], dn[2], term[2];
+    load(h, i, it, v, dn, term);
+    for (int m = 0; m < it.n; ++m) dr = add_exact(dr, mul_exact(dn[m], v[m]));
+  }
+  dr = warp_sum(dr);
+  const float du = mul_exact(mul_exact(-0.5f, dr), mul_exact(mul_exact(r, r), r));
+  const float dsq = __fdiv_rn(du, static_cast<float>(u.nh * a.r.head_dim));
+  for (int k = lane; k < u.nh * ni; k += 32) {
+    const int h = u.h0 + k / ni, i = k % ni;
+    const QkItem it = qk_item<INTERLEAVED>(i, npairs);
+    float v[2], dn[2], term[2];
+    load(h, i, it, v, dn, term);
+    for (int m = 0; m < it.n; ++m) {
+      dn[m] = round_to<T>(add_exact(mul_exact(dn[m], r), mul_exact(dsq, mul_exact(2.f, v[m]))));
+      if (has_w) {
+        const long long col = a.w_col[u.t] +
+                              (a.norm_token ? static_cast<long long>(h) * a.r.head_dim : 0) +
+                              it.e[m];
+        part[col] = add_exact(part[col], term[m]);
+      }
+    }
+    if (it.n == 2 && a.rope_first) {
+      rot_bwd(qk_cos_sin<T>(a, tk, h, i, it), dn);
+    }
+    const long long o = u.out_off + h * a.r.out_sh[u.t];
+    for (int m = 0; m < it.n; ++m)
+      reinterpret_cast<T*>(dst)[o + it.e[m]] = from_f32<T>(dn[m]);
+  }
+}
+
 // The kernel: warp w takes tokens w, w + W, ... (W warps in the grid).
 template <typename T, bool INTERLEAVED, bool BWD>
 __global__ void __launch_bounds__(256) qknorm_kernel(const QkNormArgs a) {
@@ -316,7 +407,11 @@ __global__ void __launch_bounds__(256) qknorm_kernel(const QkNormArgs a) {
       for (int h0 = 0; h0 < heads; h0 += step) {
         const QkUnit u{t, h0, step, in_off, out_off, x_off};
         if constexpr (BWD) {
-          unit_backward<T, INTERLEAVED>(a, tk, u, lane, part);
+          if (a.rounding) {
+            unit_backward_model<T, INTERLEAVED>(a, tk, u, lane, part);
+          } else {
+            unit_backward<T, INTERLEAVED>(a, tk, u, lane, part);
+          }
         } else {
           unit_forward<T, INTERLEAVED>(a, tk, u, lane);
         }

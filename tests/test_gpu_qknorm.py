@@ -258,6 +258,23 @@ def test_model_logits_on_the_gpu(model_type, dtype):
     model_logits_match(model_type, getattr(torch, dtype), 0, device="cuda")
 
 
+@pytest.mark.parametrize("model_type,rounding,offset", [
+    ("qwen3", "cast_then_weight", 0.0), ("gemma3_text", "weight_then_cast", 1.0)])
+def test_model_rounding_backward_on_the_gpu(model_type, rounding, offset):
+    """The model modes' backward against HF's autograd on the GPU (see
+    test_qknorm.hf_backward_match): dq, dk bit for bit."""
+    from test_qknorm import hf_backward_match
+    hf_backward_match(model_type, rounding, offset, device="cuda")
+
+
+def test_model_gradients_on_the_gpu():
+    """Every parameter's gradient of tiny Qwen3 / Gemma 3 models swapped to the fused call."""
+    from test_qknorm import MODEL_MODES, model_gradients_match
+    fractions = [model_gradients_match(m, seed, device="cuda") for m in MODEL_MODES
+                 for seed in (0, 1)]
+    assert sum(f == 1.0 for f in fractions) >= 2, fractions
+
+
 def test_torch_adapter_compiles_on_the_gpu(rng):
     from cuprope import torch as ctorch
     cfg = cuprope.RopeConfig(64)

@@ -440,6 +440,44 @@ def test_model_logits_bit_for_bit(model_type, dtype, seed):
     model_logits_match(model_type, getattr(torch, dtype), seed)
 
 
+def model_gradients_match(model_type, seed, device="cpu"):
+    """bf16: the loss's gradients for every parameter of a tiny random HF model,
+    with and without the fused call (model rounding, the model's tables). The
+    backward follows autograd op by op, but PyTorch's order of the fp32 sums
+    (Σ dn·v per head, Σ over tokens for dw) is its own: where it rounds
+    differently a last bit flips and spreads to the layers below. So: every
+    gradient within 2^-5·max|grad| of HF's, and most parameters' the same bits.
+    Returns the fraction of parameters whose gradients are bit for bit HF's."""
+    from transformers import AutoModelForCausalLM
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(_tiny(model_type)).to(torch.bfloat16).to(device)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.5)
+    ids = torch.randint(0, 128, (2, 13), device=device)
+    probe = torch.randn(2, 13, 128, device=device, dtype=torch.bfloat16)
+
+    def grads(fused):
+        model.zero_grad()
+        if fused:
+            with _Fused(model, model_type):
+                (model(ids).logits * probe).float().sum().backward()
+        else:
+            (model(ids).logits * probe).float().sum().backward()
+        return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    ref, got = grads(False), grads(True)
+    assert ref.keys() == got.keys()
+    for n in ref:
+        err = (got[n].float() - ref[n].float()).abs().max()
+        assert err <= 2.0 ** -5 * ref[n].float().abs().max(), (n, err)
+    return sum(torch.equal(got[n], ref[n]) for n in ref) / len(ref)
+
+
+def test_model_gradients_match_hf():
+    fractions = [model_gradients_match(m, seed) for m in MODEL_MODES for seed in (0, 1)]
+    assert sum(f == 1.0 for f in fractions) >= 2, fractions
+
+
 def test_host_mirror_is_the_c_struct():
     """cuprope/qknorm.py packs struct QkNormArgs (kernels/qknorm.cuh) field by field."""
     from test_launch import c_struct_fields
@@ -451,3 +489,39 @@ def test_host_mirror_is_the_c_struct():
     assert [k for _, _, k in fields[1:]] == ["q"] * len(qknorm.ARGS_EXTRA_FIELDS) + ["d", "d"]
     size = args.ARGS.size + qknorm.ARGS_EXTRA.size
     assert size == args.ARGS.size + 8 * (sum(c for _, c, _ in fields[1:]))
+
+
+@pytest.mark.parametrize("model_type,rounding,offset", [
+    ("qwen3", "cast_then_weight", 0.0), ("gemma3_text", "weight_then_cast", 1.0)])
+def test_model_rounding_backward_is_hf_autograd(model_type, rounding, offset):
+    hf_backward_match(model_type, rounding, offset)
+
+
+def hf_backward_match(model_type, rounding, offset, device="cpu"):
+    """bf16 q, k, their norm weights: rope_qk_norm_backward in a model mode against
+    autograd through HF's q_norm / k_norm and apply_rotary_pos_emb, on 4 seeds: dq,
+    dk bit for bit on every seed; the weight gradients (Σ over tokens in fp32,
+    PyTorch's order vs ours) bit for bit on most."""
+    same_w = 0
+    for seed in range(4):
+        qp, kp, _, _, wq, wk, cos, sin, eps = _hf_attention_qk(model_type, torch.bfloat16, seed,
+                                                               device)
+        q0, k0 = qp.clone().requires_grad_(), kp.clone().requires_grad_()
+        wq0, wk0 = wq.clone().requires_grad_(), wk.clone().requires_grad_()
+        mod_name = "qwen3" if model_type == "qwen3" else "gemma3"
+        mod = __import__(f"transformers.models.{mod_name}.modeling_{mod_name}", fromlist=["x"])
+        norm_cls = mod.Qwen3RMSNorm if model_type == "qwen3" else mod.Gemma3RMSNorm
+        qn = norm_cls(32, eps=eps).to(torch.bfloat16).to(device)
+        kn = norm_cls(32, eps=eps).to(torch.bfloat16).to(device)
+        qn.weight, kn.weight = torch.nn.Parameter(wq0), torch.nn.Parameter(wk0)
+        qh, kh = mod.apply_rotary_pos_emb(qn(q0).transpose(1, 2), kn(k0).transpose(1, 2), cos, sin)
+        gq, gk = torch.randn_like(qh), torch.randn_like(kh)
+        torch.autograd.backward((qh, kh), (gq, gk))
+        dq, dk, dwq, dwk = qknorm.rope_qk_norm_backward(
+            qp, kp, gq.transpose(1, 2), gk.transpose(1, 2), cuprope.RopeConfig(32), q_weight=wq,
+            k_weight=wk, eps=eps, weight_offset=offset, rounding=rounding, tables=(cos, sin))
+        assert torch.equal(dq, q0.grad) and torch.equal(dk, k0.grad), seed
+        for got, ref in ((dwq, qn.weight.grad), (dwk, kn.weight.grad)):
+            assert (got.float() - ref.float()).abs().max() <= 2.0 ** -7 * ref.float().abs().max()
+            same_w += torch.equal(got, ref)
+    assert same_w >= 6, same_w
