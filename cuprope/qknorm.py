@@ -238,6 +238,12 @@ class _Call:
         w = self.winfos[i]
         return None if w is None else host.to_numpy(w).astype(np.float64)
 
+    def _model_kw(self, kw):
+        """The model emulation's keywords: HF's tables travel as ``tables``."""
+        if not self.tables:
+            return kw
+        return {**{k: v for k, v in kw.items() if k != "angles"}, "tables": kw["angles"]}
+
     def host_forward(self, out_infos):
         """NumPy backend: the float64 reference rounded once, or the model
         modes' emulation of PyTorch's CPU roundings."""
@@ -246,15 +252,9 @@ class _Call:
         for i, info in enumerate(self.infos):
             x = to_canon(host.to_numpy(info), self.layout)
             w = self._host_weight(i)
-            if self.rounding == "exact":
-                results.append(qref.forward(x, weight=w, **kw))
-            else:
-                angles = kw.pop("angles")
-                tables = angles if self.tables else None
-                results.append(qref.model_forward(
-                    x, x.dtype, rounding=self.rounding, tables=tables,
-                    angles=None if tables else angles, weight=w, **kw))
-                kw["angles"] = angles
+            results.append(qref.forward(x, weight=w, **kw) if self.rounding == "exact" else
+                           qref.model_forward(x, x.dtype, rounding=self.rounding, weight=w,
+                                              **self._model_kw(kw)))
         return host.finish(self.infos, out_infos, results, self.layout)
 
     def host_backward(self, out_infos):
@@ -263,14 +263,10 @@ class _Call:
         for i, (info, ginfo) in enumerate(zip(self.infos, self.ginfos)):
             x = to_canon(host.to_numpy(info), self.layout)
             g = to_canon(host.to_numpy(ginfo), self.layout)
-            if self.rounding == "exact":
-                dx, dw = qref.backward(x, g, weight=self._host_weight(i), **kw)
-            else:
-                angles = kw["angles"]
-                tabled = dict(tables=angles) if self.tables else dict(angles=angles)
-                rest = {k: v for k, v in kw.items() if k != "angles"}
-                dx, dw = qref.model_backward(x, g, x.dtype, rounding=self.rounding,
-                                             weight=self._host_weight(i), **tabled, **rest)
+            w = self._host_weight(i)
+            dx, dw = (qref.backward(x, g, weight=w, **kw) if self.rounding == "exact" else
+                      qref.model_backward(x, g, x.dtype, rounding=self.rounding, weight=w,
+                                          **self._model_kw(kw)))
             dxs.append(dx)
             w = self.winfos[i]
             dws.append(None if dw is None else host.from_numpy(

@@ -232,6 +232,42 @@ def test_inplace_equals_out_of_place(rng, dtype):
         assert torch.equal(q2, yq) and torch.equal(k2, yk)
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("rounding", ["cast_then_weight", "weight_then_cast"])
+@pytest.mark.parametrize("order,over,r", [("norm_then_rope", "head", 64),
+                                          ("norm_then_rope", "token", 48),
+                                          ("rope_then_norm", "head", 64)])
+def test_model_modes_without_tables(rng, dtype, rounding, order, over, r):
+    """The model modes with computed angles (forward: the fast path at R = D;
+    backward: qknorm_kernel) against the NumPy emulation of the same rounding
+    sequence (qknorm_reference.model_forward / model_backward): within one ulp
+    (the GPU's rsqrtf and sum orders against the CPU's 1/sqrt)."""
+    import ml_dtypes
+    np_dt = ml_dtypes.bfloat16 if dtype == "bfloat16" else np.float16
+    cfg = cuprope.RopeConfig(r, base=1e4)
+    b, s, hq, hk, d = 2, 9, 4, 2, 64
+    qc, kc = _bf16_exact(rng, (b, s, hq, d), 2.0), _bf16_exact(rng, (b, s, hk, d))
+    gq, gk = _bf16_exact(rng, qc.shape), _bf16_exact(rng, kc.shape)
+    wl = (d, d) if over == "head" else (hq * d, hk * d)
+    ws = [_bf16_exact(rng, (n,), 0.3) + 1.0 for n in wl]
+    wt = [_dev(w, dtype) for w in ws]
+    ws = [_host(w) for w in wt]  # the weights' values in the dtype
+    kw = dict(q_weight=wt[0], k_weight=wt[1], eps=1e-5, order=order, norm_over=over,
+              rounding=rounding, offset=5)
+    q, k = _dev(qc, dtype), _dev(kc, dtype)
+    yq, yk = qknorm.rope_qk_norm_forward(q, k, cfg, **kw)
+    dq, dk, _, _ = qknorm.rope_qk_norm_backward(q, k, _dev(gq, dtype), _dev(gk, dtype), cfg,
+                                                **kw)
+    ang = reference.pair_angles(reference.token_positions(b, s, offset=5), cfg.inv_freq)
+    rk = dict(rotary_dim=r, interleaved=False, rounding=rounding, angles=ang, eps=1e-5,
+              over=over, order=order)
+    for x, g, w, y, dx in ((qc, gq, ws[0], yq, dq), (kc, gk, ws[1], yk, dk)):
+        ref = qref.model_forward(x, np_dt, weight=w, **rk)
+        assert_matches(_host(y), ref, np.abs(ref).max(), dtype)
+        dref, _ = qref.model_backward(x, g, np_dt, weight=w, **rk)
+        assert_matches(_host(dx), dref, 2 * np.abs(dref).max(), dtype)
+
+
 # ---------------------------------------------------------------- HF models on the GPU
 @pytest.mark.parametrize("model_type,rounding,offset", [
     ("qwen3", "cast_then_weight", 0.0), ("gemma3_text", "weight_then_cast", 1.0)])
