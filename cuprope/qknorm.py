@@ -290,7 +290,7 @@ class _Call:
         smem = _WARPS * npairs * 8
         if vec:
             name = qknorm_rows_kernel_name(self.dtype, self.config.interleaved, backward)
-            smem += _fast_rows_bytes(npairs, vec, part_cols) if backward else 0
+            smem += 8 * self.d + (_fast_rows_bytes(npairs, vec, part_cols) if backward else 0)
             rows = blocks       # one partial row per block
         else:
             name = qknorm_kernel_name(self.dtype, self.config.interleaved, backward)
@@ -328,8 +328,8 @@ class _Call:
                                  canon_strides(x.strides, self.layout), p.heads)
                       for x, p in zip(self.infos, plans)]
         vec = pick_vec(self.dtype, plans, npairs, 0, self.b, self.s, (widest, 1))
-        need = _WARPS * npairs * 8 + (_fast_rows_bytes(npairs, widest, part_cols) if backward
-                                      else 0)
+        need = _WARPS * npairs * 8 + 8 * self.d + (
+            _fast_rows_bytes(npairs, widest, part_cols) if backward else 0)
         return widest if vec == widest and need <= SMEM_LIMIT else 0
 
     def _reduce(self, fns, part, rows, part_cols, wlen, stream_ptr):

@@ -430,7 +430,8 @@ __global__ void __launch_bounds__(256) qknorm_kernel(const QkNormArgs a) {
 // covers rpw = 32 / cpr heads per step, cpr = npairs / VEC lanes per head, and
 // the head's sum (of squares; backward, of n * w' * g) is a segmented
 // shuffle over its cpr lanes (seg_sum). The head stays in registers between
-// the reduction and the store. Backward: the lane adds its dw terms to its own
+// the reduction and the store; w' of both tensors sits in shared memory (read
+// once per block). Backward: the lane adds its dw terms to its own
 // columns of its head row's slice of shared memory over every head and token
 // it handles, and at the end the block sums the slices in a fixed order into
 // its own partial row (part_ptr row = blockIdx.x).
@@ -484,8 +485,9 @@ __device__ __forceinline__ void block_dw_row(const QkNormArgs& a, const float* r
 }
 
 template <typename T, bool INTERLEAVED, int VEC, bool BWD>
-__global__ void __launch_bounds__(256, 2) qknorm_rows_kernel(const QkNormArgs a) {
-  extern __shared__ float2 qk_cs[];  // [warps][npairs] cos/sin; BWD: then [warps * rpw][part_cols]
+__global__ void __launch_bounds__(256, BWD ? 2 : 3) qknorm_rows_kernel(const QkNormArgs a) {
+  // [warps][npairs] cos/sin, then w' of q and k [2][D]; BWD: then [warps * rpw][part_cols]
+  extern __shared__ float2 qk_cs[];
   const int lane = threadIdx.x & 31, wib = threadIdx.x >> 5;
   const int npairs = static_cast<int>(a.r.rot_dim >> 1);
   const int cpr = npairs / VEC, rpw = 32 / cpr;
@@ -500,14 +502,17 @@ __global__ void __launch_bounds__(256, 2) qknorm_rows_kernel(const QkNormArgs a)
   const long long warp = static_cast<long long>(blockIdx.x) * (blockDim.x >> 5) + wib;
   const long long n_warps = static_cast<long long>(gridDim.x) * (blockDim.x >> 5);
   const long long tokens = a.r.n_batch * a.r.n_seq;
+  const int d = static_cast<int>(a.r.head_dim);
+  float* wsm = reinterpret_cast<float*>(qk_cs + (blockDim.x >> 5) * npairs);  // w' [2][D]
+  for (int i = threadIdx.x; i < 2 * d; i += blockDim.x) wsm[i] = head_weight(a, i / d, i % d);
   // BWD: the lane's dw terms go to its columns of row wib * rpw + sub (zeroed first)
-  [[maybe_unused]] float* rows = reinterpret_cast<float*>(qk_cs + (blockDim.x >> 5) * npairs);
+  [[maybe_unused]] float* rows = wsm + 2 * d;
   [[maybe_unused]] float* my_row = rows + (wib * rpw + sub) * a.part_cols;
   if (BWD) {
     for (long long i = threadIdx.x; i < (blockDim.x >> 5) * rpw * a.part_cols; i += blockDim.x)
       rows[i] = 0.f;
-    __syncthreads();
   }
+  __syncthreads();
   for (long long tok = warp; tok < tokens; tok += n_warps) {
     const unsigned b = static_cast<unsigned>(tok / a.r.n_seq);
     const unsigned s = static_cast<unsigned>(tok - static_cast<long long>(b) * a.r.n_seq);
@@ -558,8 +563,7 @@ __global__ void __launch_bounds__(256, 2) qknorm_rows_kernel(const QkNormArgs a)
         for (int k = 0; k < 2; ++k)
 #pragma unroll
           for (int i = 0; i < VEC; ++i)
-            x[k][i] = norm_value<T>(a, has_w, x[k][i], r,
-                                    on ? head_weight(a, t, (k ? e1 : e0) + i) : 1.f);
+            x[k][i] = norm_value<T>(a, has_w, x[k][i], r, wsm[t * d + (k ? e1 : e0) + i]);
         if (!a.rope_first) rotate_vals<INTERLEAVED, VEC>(x, csv, 1.f);
         if (on) store_vals<T, VEC>(a.r.out_ptr[t], out_off, e0, e1, x);
       } else {
@@ -570,14 +574,14 @@ __global__ void __launch_bounds__(256, 2) qknorm_rows_kernel(const QkNormArgs a)
 #pragma unroll
           for (int i = 0; i < VEC; ++i) {
             x[k][i] *= r;  // n
-            dot = fmaf(x[k][i], (on ? head_weight(a, t, (k ? e1 : e0) + i) : 1.f) * g[k][i], dot);
+            dot = fmaf(x[k][i], wsm[t * d + (k ? e1 : e0) + i] * g[k][i], dot);
           }
         const float mean = seg_sum(dot, c, cpr, sub * cpr) * inv_d;
 #pragma unroll
         for (int k = 0; k < 2; ++k)
 #pragma unroll
           for (int i = 0; i < VEC; ++i) {
-            const float wf = on ? head_weight(a, t, (k ? e1 : e0) + i) : 1.f;
+            const float wf = wsm[t * d + (k ? e1 : e0) + i];
             if (on && has_w) {
               float& dw = my_row[a.w_col[t] + (k ? e1 : e0) + i];
               dw = fmaf(g[k][i], x[k][i], dw);
