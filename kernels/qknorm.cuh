@@ -123,6 +123,29 @@ __device__ __forceinline__ void rot_bwd(const QkCosSin& k, float (&v)[2]) {
   v[1] = d2 * k.c[1] - d1 * k.sn[0];
 }
 
+// rotate_table (HF's formula with PyTorch's roundings; backward: autograd's
+// gradient of it) on one pair of T values, with the tables' values k2.
+template <typename T, bool INTERLEAVED>
+__device__ __forceinline__ void table_rotate(const QkCosSin& k2, float (&v)[2], bool backward) {
+  Pack<T, 1> p0, p1, tc[2], ts[2];
+  p0.v[0] = from_f32<T>(v[0]);
+  p1.v[0] = from_f32<T>(v[1]);
+  for (int m = 0; m < 2; ++m) {
+    tc[m].v[0] = from_f32<T>(k2.c[m]);
+    ts[m].v[0] = from_f32<T>(k2.sn[m]);
+  }
+  rotate_table<T, INTERLEAVED, 1>(p0, p1, tc, ts, backward);
+  v[0] = to_f32(p0.v[0]);
+  v[1] = to_f32(p1.v[0]);
+}
+
+// An item's values, rounded to T, into the row at dst + off.
+template <typename T>
+__device__ __forceinline__ void store_item(long long dst, long long off, const QkItem& it,
+                                           const float (&v)[2]) {
+  for (int m = 0; m < it.n; ++m) reinterpret_cast<T*>(dst)[off + it.e[m]] = from_f32<T>(v[m]);
+}
+
 // The sum over the warp, the same bits in every lane (a fixed butterfly).
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
@@ -130,12 +153,14 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
-// One norm unit of tensor t: heads [h0, h0 + nh) of the token. off_*: the
+// One norm unit of tensor t: heads [h0, h0 + nh) of the token. *_off: the
 // token's element offsets of tensor t (head 0) in the inputs (in_ptr), the
-// outputs and, backward, the saved x.
+// outputs and, backward, the saved x; src, dst, xs: their pointers.
 struct QkUnit {
   int t, h0, nh;
   long long in_off, out_off, x_off;
+  int npairs, ni;              // pairs and items per head
+  long long src, dst, xs;      // tensor t's input (x, or dy backward), output, saved x
 };
 
 // The unit's pre-norm values of an item: x (norm_then_rope) or R x, rounded
@@ -160,13 +185,11 @@ template <typename T, bool INTERLEAVED>
 __device__ __forceinline__ float unit_rsqrt(const QkNormArgs& a, const QkToken& tk,
                                             const QkUnit& u, long long src, long long off,
                                             const long long* sh, bool model_round, int lane) {
-  const int npairs = static_cast<int>(a.r.rot_dim >> 1);
   const int d = static_cast<int>(a.r.head_dim);
-  const int ni = npairs + d - 2 * npairs;  // items per head
   float ss = 0.f;
-  for (int k = lane; k < u.nh * ni; k += 32) {
-    const int h = u.h0 + k / ni, i = k % ni;
-    const QkItem it = qk_item<INTERLEAVED>(i, npairs);
+  for (int k = lane; k < u.nh * u.ni; k += 32) {
+    const int h = u.h0 + k / u.ni, i = k % u.ni;
+    const QkItem it = qk_item<INTERLEAVED>(i, u.npairs);
     float v[2];
     pre_norm<T, INTERLEAVED>(a, tk, h, i, it, src, off + h * sh[u.t], model_round, v);
     ss = fmaf(v[0], v[0], ss);
@@ -199,72 +222,55 @@ __device__ __forceinline__ float norm_value(const QkNormArgs& a, bool has_w, flo
 template <typename T, bool INTERLEAVED>
 __device__ __forceinline__ void unit_forward(const QkNormArgs& a, const QkToken& tk,
                                              const QkUnit& u, int lane) {
-  const int npairs = static_cast<int>(a.r.rot_dim >> 1);
-  const int ni = static_cast<int>(a.r.head_dim) - npairs;
-  const long long src = a.r.in_ptr[u.t], dst = a.r.out_ptr[u.t];
-  const float r = unit_rsqrt<T, INTERLEAVED>(a, tk, u, src, u.in_off, a.r.in_sh, true, lane);
+  const float r = unit_rsqrt<T, INTERLEAVED>(a, tk, u, u.src, u.in_off, a.r.in_sh, true, lane);
   const bool has_w = a.w_ptr[u.t] != 0;
-  for (int k = lane; k < u.nh * ni; k += 32) {
-    const int h = u.h0 + k / ni, i = k % ni;
-    const QkItem it = qk_item<INTERLEAVED>(i, npairs);
+  for (int k = lane; k < u.nh * u.ni; k += 32) {
+    const int h = u.h0 + k / u.ni, i = k % u.ni;
+    const QkItem it = qk_item<INTERLEAVED>(i, u.npairs);
     float v[2];
-    pre_norm<T, INTERLEAVED>(a, tk, h, i, it, src, u.in_off + h * a.r.in_sh[u.t], true, v);
+    pre_norm<T, INTERLEAVED>(a, tk, h, i, it, u.src, u.in_off + h * a.r.in_sh[u.t], true, v);
     for (int m = 0; m < it.n; ++m)
       v[m] = norm_value<T>(a, has_w, v[m], r, weight_factor(a, u, h, it.e[m]));
-    const long long o = u.out_off + h * a.r.out_sh[u.t];
     if (it.n == 2 && !a.rope_first) {
       const QkCosSin k2 = qk_cos_sin<T>(a, tk, h, i, it);
       if (a.table) {  // HF's formula with PyTorch's roundings, on the norm's T values
-        Pack<T, 1> p0, p1, tc[2], ts[2];
-        p0.v[0] = from_f32<T>(v[0]);
-        p1.v[0] = from_f32<T>(v[1]);
-        for (int m = 0; m < 2; ++m) {
-          tc[m].v[0] = from_f32<T>(k2.c[m]);
-          ts[m].v[0] = from_f32<T>(k2.sn[m]);
-        }
-        rotate_table<T, INTERLEAVED, 1>(p0, p1, tc, ts, false);
-        v[0] = to_f32(p0.v[0]);
-        v[1] = to_f32(p1.v[0]);
+        table_rotate<T, INTERLEAVED>(k2, v, false);
       } else {
         rot_fwd(k2, v);
       }
     }
-    for (int m = 0; m < it.n; ++m)
-      reinterpret_cast<T*>(dst)[o + it.e[m]] = from_f32<T>(v[m]);
+    store_item<T>(u.dst, u.out_off + h * a.r.out_sh[u.t], it, v);
   }
 }
 
 template <typename T, bool INTERLEAVED>
 __device__ __forceinline__ void unit_backward(const QkNormArgs& a, const QkToken& tk,
                                               const QkUnit& u, int lane, float* part) {
-  const int npairs = static_cast<int>(a.r.rot_dim >> 1);
-  const int ni = static_cast<int>(a.r.head_dim) - npairs;
-  const long long xs = a.x_ptr[u.t], dys = a.r.in_ptr[u.t], dst = a.r.out_ptr[u.t];
-  const float r = unit_rsqrt<T, INTERLEAVED>(a, tk, u, xs, u.x_off, a.x_sh, false, lane);
+  const float r = unit_rsqrt<T, INTERLEAVED>(a, tk, u, u.xs, u.x_off, a.x_sh, false, lane);
   const float mean_scale = 1.f / static_cast<float>(u.nh * a.r.head_dim);
   // g (the norm's incoming gradient) and n = v * r of an item
   auto load = [&](int h, int i, const QkItem& it, float (&g)[2], float (&n)[2]) {
-    pre_norm<T, INTERLEAVED>(a, tk, h, i, it, xs, u.x_off + h * a.x_sh[u.t], false, n);
+    pre_norm<T, INTERLEAVED>(a, tk, h, i, it, u.xs, u.x_off + h * a.x_sh[u.t], false, n);
     n[0] *= r;
     n[1] *= r;
     const long long go = u.in_off + h * a.r.in_sh[u.t];
-    g[0] = elem<T>(dys, go + it.e[0]);
-    g[1] = it.n == 2 ? elem<T>(dys, go + it.e[1]) : 0.f;
+    g[0] = elem<T>(u.src, go + it.e[0]);
+    g[1] = it.n == 2 ? elem<T>(u.src, go + it.e[1]) : 0.f;
     if (it.n == 2 && !a.rope_first) rot_bwd(qk_cos_sin<T>(a, tk, h, i, it), g);
   };
   float dot = 0.f;
-  for (int k = lane; k < u.nh * ni; k += 32) {
-    const int h = u.h0 + k / ni, i = k % ni;
-    const QkItem it = qk_item<INTERLEAVED>(i, npairs);
+  for (int k = lane; k < u.nh * u.ni; k += 32) {
+    const int h = u.h0 + k / u.ni, i = k % u.ni;
+    const QkItem it = qk_item<INTERLEAVED>(i, u.npairs);
     float g[2], n[2];
     load(h, i, it, g, n);
     for (int m = 0; m < it.n; ++m) dot = fmaf(n[m], weight_factor(a, u, h, it.e[m]) * g[m], dot);
   }
   const float mean = warp_sum(dot) * mean_scale;
   const bool has_w = a.w_ptr[u.t] != 0;
-  for (int k = lane; k < u.nh * ni; k += 32) {
-    const int h = u.h0 + k / ni, i = k % ni;
-    const QkItem it = qk_item<INTERLEAVED>(i, npairs);
+  for (int k = lane; k < u.nh * u.ni; k += 32) {
+    const int h = u.h0 + k / u.ni, i = k % u.ni;
+    const QkItem it = qk_item<INTERLEAVED>(i, u.npairs);
     float g[2], n[2], dv[2] = {0.f, 0.f};
     load(h, i, it, g, n);
     for (int m = 0; m < it.n; ++m) {
@@ -277,9 +283,7 @@ __device__ __forceinline__ void unit_backward(const QkNormArgs& a, const QkToken
       }
     }
     if (it.n == 2 && a.rope_first) rot_bwd(qk_cos_sin<T>(a, tk, h, i, it), dv);
-    const long long o = u.out_off + h * a.r.out_sh[u.t];
-    for (int m = 0; m < it.n; ++m)
-      reinterpret_cast<T*>(dst)[o + it.e[m]] = from_f32<T>(dv[m]);
+    store_item<T>(u.dst, u.out_off + h * a.r.out_sh[u.t], it, dv);
   }
 }
 
@@ -294,31 +298,19 @@ __device__ __forceinline__ void unit_backward(const QkNormArgs& a, const QkToken
 template <typename T, bool INTERLEAVED>
 __device__ __forceinline__ void unit_backward_model(const QkNormArgs& a, const QkToken& tk,
                                                     const QkUnit& u, int lane, float* part) {
-  const int npairs = static_cast<int>(a.r.rot_dim >> 1);
-  const int ni = static_cast<int>(a.r.head_dim) - npairs;
-  const long long xs = a.x_ptr[u.t], dys = a.r.in_ptr[u.t], dst = a.r.out_ptr[u.t];
-  const float r = unit_rsqrt<T, INTERLEAVED>(a, tk, u, xs, u.x_off, a.x_sh, true, lane);
+  const float r = unit_rsqrt<T, INTERLEAVED>(a, tk, u, u.xs, u.x_off, a.x_sh, true, lane);
   const bool has_w = a.w_ptr[u.t] != 0;
   // v (the norm's input) and dn of an item, and its dw terms
   auto load = [&](int h, int i, const QkItem& it, float (&v)[2], float (&dn)[2],
                   float (&term)[2]) {
-    pre_norm<T, INTERLEAVED>(a, tk, h, i, it, xs, u.x_off + h * a.x_sh[u.t], true, v);
+    pre_norm<T, INTERLEAVED>(a, tk, h, i, it, u.xs, u.x_off + h * a.x_sh[u.t], true, v);
     const long long go = u.in_off + h * a.r.in_sh[u.t];
-    dn[0] = elem<T>(dys, go + it.e[0]);
-    dn[1] = it.n == 2 ? elem<T>(dys, go + it.e[1]) : 0.f;
+    dn[0] = elem<T>(u.src, go + it.e[0]);
+    dn[1] = it.n == 2 ? elem<T>(u.src, go + it.e[1]) : 0.f;
     if (it.n == 2 && !a.rope_first) {
       const QkCosSin k2 = qk_cos_sin<T>(a, tk, h, i, it);
       if (a.table) {
-        Pack<T, 1> p0, p1, tc[2], ts[2];
-        p0.v[0] = from_f32<T>(dn[0]);
-        p1.v[0] = from_f32<T>(dn[1]);
-        for (int m = 0; m < 2; ++m) {
-          tc[m].v[0] = from_f32<T>(k2.c[m]);
-          ts[m].v[0] = from_f32<T>(k2.sn[m]);
-        }
-        rotate_table<T, INTERLEAVED, 1>(p0, p1, tc, ts, true);
-        dn[0] = to_f32(p0.v[0]);
-        dn[1] = to_f32(p1.v[0]);
+        table_rotate<T, INTERLEAVED>(k2, dn, true);
       } else {
         rot_bwd(k2, dn);
         dn[0] = round_to<T>(dn[0]);
@@ -340,9 +332,9 @@ __device__ __forceinline__ void unit_backward_model(const QkNormArgs& a, const Q
     }
   };
   float dr = 0.f;
-  for (int k = lane; k < u.nh * ni; k += 32) {
-    const int h = u.h0 + k / ni, i = k % ni;
-    const QkItem it = qk_item<INTERLEAVED>(i, npairs);
+  for (int k = lane; k < u.nh * u.ni; k += 32) {
+    const int h = u.h0 + k / u.ni, i = k % u.ni;
+    const QkItem it = qk_item<INTERLEAVED>(i, u.npairs);
     float v[2], dn[2], term[2];
     load(h, i, it, v, dn, term);
     for (int m = 0; m < it.n; ++m) dr = add_exact(dr, mul_exact(dn[m], v[m]));
@@ -350,9 +342,9 @@ __device__ __forceinline__ void unit_backward_model(const QkNormArgs& a, const Q
   dr = warp_sum(dr);
   const float du = mul_exact(mul_exact(-0.5f, dr), mul_exact(mul_exact(r, r), r));
   const float dsq = __fdiv_rn(du, static_cast<float>(u.nh * a.r.head_dim));
-  for (int k = lane; k < u.nh * ni; k += 32) {
-    const int h = u.h0 + k / ni, i = k % ni;
-    const QkItem it = qk_item<INTERLEAVED>(i, npairs);
+  for (int k = lane; k < u.nh * u.ni; k += 32) {
+    const int h = u.h0 + k / u.ni, i = k % u.ni;
+    const QkItem it = qk_item<INTERLEAVED>(i, u.npairs);
     float v[2], dn[2], term[2];
     load(h, i, it, v, dn, term);
     for (int m = 0; m < it.n; ++m) {
@@ -367,9 +359,7 @@ __device__ __forceinline__ void unit_backward_model(const QkNormArgs& a, const Q
     if (it.n == 2 && a.rope_first) {
       rot_bwd(qk_cos_sin<T>(a, tk, h, i, it), dn);
     }
-    const long long o = u.out_off + h * a.r.out_sh[u.t];
-    for (int m = 0; m < it.n; ++m)
-      reinterpret_cast<T*>(dst)[o + it.e[m]] = from_f32<T>(dn[m]);
+    store_item<T>(u.dst, u.out_off + h * a.r.out_sh[u.t], it, dn);
   }
 }
 
@@ -379,6 +369,7 @@ __global__ void __launch_bounds__(256) qknorm_kernel(const QkNormArgs a) {
   extern __shared__ float2 qk_cs[];
   const int lane = threadIdx.x & 31;
   const int npairs = static_cast<int>(a.r.rot_dim >> 1);
+  const int d = static_cast<int>(a.r.head_dim);
   float2* cs = qk_cs + (threadIdx.x >> 5) * npairs;
   const long long warp = static_cast<long long>(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
   const long long n_warps = static_cast<long long>(gridDim.x) * (blockDim.x >> 5);
@@ -405,7 +396,8 @@ __global__ void __launch_bounds__(256) qknorm_kernel(const QkNormArgs a) {
       const long long x_off = b * a.x_sb[t] + s * a.x_ss[t];
       const int step = a.norm_token ? heads : 1;
       for (int h0 = 0; h0 < heads; h0 += step) {
-        const QkUnit u{t, h0, step, in_off, out_off, x_off};
+        const QkUnit u{t, h0, step, in_off, out_off, x_off, npairs, d - npairs,
+                       a.r.in_ptr[t], a.r.out_ptr[t], a.x_ptr[t]};
         if constexpr (BWD) {
           if (a.rounding) {
             unit_backward_model<T, INTERLEAVED>(a, tk, u, lane, part);
