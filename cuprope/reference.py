@@ -96,7 +96,7 @@ def rotate(x, angles, *, rotary_dim: int, interleaved: bool, scale: float = 1.0,
     return out
 
 
-def _rotate_half(x, rotary_dim, interleaved, transposed=False):
+def rotate_half(x, rotary_dim, interleaved, transposed=False):
     """HF's rotate_half on the first R dims: (x1, x2) -> (-x2, x1), pairs split
     in halves or, ``interleaved``, (2j, 2j+1) (HF's rotate_every_two).
     ``transposed``: its transpose (y1, y2) -> (y2, -y1), as autograd applies it."""
@@ -131,9 +131,9 @@ def rotate_with_tables(x, cos, sin, *, interleaved: bool, inverse: bool, dtype) 
     xr = x[..., :r]
     out = x.copy()
     if inverse:
-        out[..., :r] = rnd(rnd(xr * cos) + _rotate_half(rnd(xr * sin), r, interleaved, True))
+        out[..., :r] = rnd(rnd(xr * cos) + rotate_half(rnd(xr * sin), r, interleaved, True))
     else:
-        out[..., :r] = rnd(rnd(xr * cos) + rnd(_rotate_half(xr, r, interleaved) * sin))
+        out[..., :r] = rnd(rnd(xr * cos) + rnd(rotate_half(xr, r, interleaved) * sin))
     return out
 
 

@@ -14,6 +14,9 @@ module is imported only by users who want it.
 * ``rotary_embedding(positions, query, key, head_size, cos_sin_cache,
   is_neox=True)`` — vLLM's op of that name (in place, returns None), over
   ``cuprope.cos_sin_cache``: an engine switches by one line.
+* ``rope_qk_norm(q, k, config, *, q_weight=None, k_weight=None, ...)`` — the
+  fused QK-norm + RoPE (``cuprope.qknorm``), differentiable in q, k and the
+  weights, with its custom ops (``cuprope/torch_qknorm.py``).
 * ``apply_rotary_pos_emb(q, k, cos, sin, position_ids=None, unsqueeze_dim=1)``
   — a drop-in for Hugging Face's function of that name: it reads the model's
   own cos/sin tensors (``cuprope.tables``) and returns HF's result bit for bit,
@@ -35,7 +38,8 @@ from . import api, tables
 from .cos_sin_cache import rotary_embedding as _rotary_embedding
 from .config import RopeConfig, config_by_key
 
-__all__ = ["rope_qk", "rope", "RopeQKFunction", "apply_rotary_pos_emb", "rotary_embedding"]
+__all__ = ["rope_qk", "rope", "RopeQKFunction", "apply_rotary_pos_emb", "rotary_embedding",
+           "rope_qk_norm", "RopeQKNormFunction"]
 
 # Custom ops take only tensors and scalars: configs travel as their integer key.
 
@@ -307,3 +311,6 @@ def rotary_embedding(positions: torch.Tensor, query: torch.Tensor, key: Optional
         _rotary_embedding_op(positions, query, key, int(head_size), cos_sin_cache, bool(is_neox))
         return
     _rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox)
+
+
+from .torch_qknorm import RopeQKNormFunction, rope_qk_norm  # noqa: E402  (re-exported)

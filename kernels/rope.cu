@@ -4,3 +4,4 @@
 // cuprope::rope_flat_kernel instantiation at a time, for cuprope.jax).
 #include "rope.cuh"
 #include "flat.cuh"
+#include "qknorm.cuh"

@@ -53,8 +53,10 @@ def test_every_instantiation_compiles(arch):
     # RoPE: 3 dtypes x 2 pairings x vector widths (4 for 16-bit, 3 for fp32) x 3 angle
     # sources (shared, per-head, cos/sin table) = 66;
     # LRPE: 5 activation families x 3 dtypes x 2 widths x per-head x fwd/bwd = 120,
-    # plus 6 sequence-softmax statistics passes (3 dtypes x fwd/bwd)
-    assert len(names) == 66 + 120 + 6
+    # plus 6 sequence-softmax statistics passes (3 dtypes x fwd/bwd);
+    # QK-norm: 3 dtypes x 2 pairings x fwd/bwd = 12, as many of the fast path (head rows),
+    # plus the weight-gradient reduction
+    assert len(names) == 66 + 120 + 6 + 12 + 12 + 1
     lowered, nbytes, log = _compile(arch, names)
     assert all(v for v in lowered.values()), lowered
     assert len(set(lowered.values())) == len(names)

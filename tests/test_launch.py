@@ -9,14 +9,18 @@ import pytest
 from cuprope._core import args, launch, loader
 
 
-def c_struct_fields(struct_name="RopeArgs"):
-    """(name, count, kind) of a struct of kernels/args.cuh, parsed from the header."""
-    src = loader.kernel_sources()["args.cuh"]
+def c_struct_fields(header="args.cuh", struct_name="RopeArgs"):
+    """(name, count, kind) of a kernel argument struct, parsed from its header
+    (a member of type RopeArgs: ``(name, 1, "RopeArgs")``)."""
+    src = loader.kernel_sources()[header]
     body = re.search(r"struct " + struct_name + r" \{(.*?)\n\};", src, re.S).group(1)
     fields = []
     for line in body.splitlines():
         line = line.split("//")[0].strip()
         if not line:
+            continue
+        if line.startswith("RopeArgs "):
+            fields.append((line[len("RopeArgs "):-1], 1, "RopeArgs"))
             continue
         m = re.match(r"(long long|double) (.*);$", line)
         assert m, line
@@ -34,7 +38,7 @@ def test_field_list_is_the_c_struct():
 
 
 def test_kv_field_list_is_the_c_struct():
-    assert tuple(c_struct_fields("KvArgs")) == args.KV_ARGS_FIELDS
+    assert tuple(c_struct_fields(struct_name="KvArgs")) == args.KV_ARGS_FIELDS
     assert args.KV_ARGS.size == 8 * len(args.KV_ARGS_FIELDS)
     raw = args.pack_kv_args(page_size=16, write_rest=3)
     values = struct.unpack(args.KV_ARGS.format, raw)

@@ -35,7 +35,7 @@ def rope_call(xs, names, config, inverse, positions, offset, seq_offsets, outs, 
     infos, out_infos, (b, s, d) = validate.validate_call(xs, names, config.layout,
                                                          config.rotary_dim, outs, inplace,
                                                          head_rows)
-    pos_info, seq_info = _index_infos(config, infos[0].device, b, s, positions, seq_offsets)
+    pos_info, seq_info = index_infos(config, infos[0].device, b, s, positions, seq_offsets)
     if all(i.size == 0 for i in infos):
         return empty_result(infos, out_infos)
     if infos[0].device < 0:
@@ -46,12 +46,30 @@ def rope_call(xs, names, config, inverse, positions, offset, seq_offsets, outs, 
                      (b, s, d), cache_key)
 
 
-def _index_infos(config, device, b, s, positions, seq_offsets):
-    """(positions, seq_offsets) infos, checked (validate.check_indices)."""
+def index_infos(config, device, b, s, positions, seq_offsets):
+    """(positions, seq_offsets) infos (None where not given), checked
+    against ``config`` and the tensors' device and (B, S)
+    (validate.check_indices)."""
     pos_info = None if positions is None else describe(positions, "positions")
     seq_info = None if seq_offsets is None else describe(seq_offsets, "seq_offsets")
     validate.check_indices(config, device, b, s, pos_info, seq_info)
     return pos_info, seq_info
+
+
+def position_fields(config, pos_info):
+    """The positions tensor as the kernels read it: None (implicit positions)
+    or (is64, stream stride, batch stride, sequence stride) in elements, a
+    ``[S]`` / ``[T]`` tensor with batch stride 0 and, for one stream, stream
+    stride 0."""
+    if pos_info is None:
+        return None
+    st, shp = pos_info.strides, pos_info.shape
+    if config.n_streams == 1:
+        pst_stream, rest, rest_shape = 0, st, shp
+    else:
+        pst_stream, rest, rest_shape = st[0], st[1:], shp[1:]
+    psb, pss = (0, rest[0]) if len(rest_shape) == 1 else rest
+    return (int(pos_info.dtype == "int64"), pst_stream, psb, pss)
 
 
 def empty_result(infos, out_infos):
@@ -67,15 +85,7 @@ def _gpu_rope(infos, out_infos, config, inverse, pos_info, seq_info, offset, str
     stream_ptr = stream_handle(stream, infos[0])
     copy_rest, outs_given, out_infos = outputs(infos, out_infos)
     # Only what the plan key needs is computed before the lookup.
-    pos = None
-    if pos_info is not None:
-        st, shp = pos_info.strides, pos_info.shape
-        if config.n_streams == 1:
-            pst_stream, rest, rest_shape = 0, st, shp
-        else:
-            pst_stream, rest, rest_shape = st[0], st[1:], shp[1:]
-        psb, pss = (0, rest[0]) if len(rest_shape) == 1 else rest
-        pos = (int(pos_info.dtype == "int64"), pst_stream, psb, pss)
+    pos = position_fields(config, pos_info)
     seq64 = None if seq_info is None else seq_info.dtype == "int64"
     # Plans are reused for calls with the same signature (any framework).
     gkey = ("G", threading.get_ident(), inverse, copy_rest, device, pos, seq64,

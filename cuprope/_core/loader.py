@@ -154,6 +154,22 @@ def seq_stats_kernel_name(dtype: str, backward: bool) -> str:
     return f"cuprope::lrpe_seq_stats_kernel<{DTYPE_CTYPES[dtype]}, {_b(backward)}>"
 
 
+def qknorm_kernel_name(dtype: str, interleaved: bool, backward: bool) -> str:
+    """Name expression of one ``qknorm_kernel`` instantiation (kernels/qknorm.cuh)."""
+    return f"cuprope::qknorm_kernel<{DTYPE_CTYPES[dtype]}, {_b(interleaved)}, {_b(backward)}>"
+
+
+def qknorm_rows_kernel_name(dtype: str, interleaved: bool, backward: bool) -> str:
+    """Name expression of the fast path ``qknorm_rows_kernel`` (norm per head,
+    R = D, the widest packs) for ``dtype``."""
+    return (f"cuprope::qknorm_rows_kernel<{DTYPE_CTYPES[dtype]}, {_b(interleaved)}, "
+            f"{vec_widths(dtype)[0]}, {_b(backward)}>")
+
+
+QKNORM_DW_KERNEL = "cuprope::qknorm_dw_kernel"
+"""The QK-norm weight-gradient reduction (kernels/qknorm.cuh)."""
+
+
 def lrpe_vec_widths(dtype: str) -> tuple[int, ...]:
     """LRPE kernels exist for the widest width and for 1 pair (any alignment)."""
     return (vec_widths(dtype)[0], 1)
@@ -164,7 +180,8 @@ def lrpe_vec_widths(dtype: str) -> tuple[int, ...]:
 # variants, and plain RoPE never compiles the LRPE dialect (one family per
 # activation).
 _PLAIN_FAMILIES = {SRC_SHARED: "shared", SRC_PER_HEAD: "per_head", SRC_TABLE: "table"}
-FAMILIES = tuple(_PLAIN_FAMILIES.values()) + tuple(f"lrpe_{a}" for a, c in LRPE_ACTS.items() if c)
+FAMILIES = (tuple(_PLAIN_FAMILIES.values()) + tuple(f"lrpe_{a}" for a, c in LRPE_ACTS.items() if c)
+            + ("qknorm",))
 
 
 def family_of(act: int, src: int) -> str:
@@ -179,6 +196,10 @@ def family_of(act: int, src: int) -> str:
 
 
 def _family_names(family: str) -> list[str]:
+    if family == "qknorm":
+        return [fn(dt, il, bwd) for fn in (qknorm_kernel_name, qknorm_rows_kernel_name)
+                for dt in DTYPE_CTYPES for il in (False, True)
+                for bwd in (False, True)] + [QKNORM_DW_KERNEL]
     for src, name in _PLAIN_FAMILIES.items():
         if family == name:
             return [kernel_name(dt, il, v, src)

@@ -1,0 +1,143 @@
+"""PyTorch adapter of the fused QK-norm + RoPE (``cuprope.qknorm``): autograd
+and torch.compile. Re-exported by ``cuprope.torch``.
+
+``rope_qk_norm(q, k, config, *, q_weight=None, k_weight=None, ...)`` takes
+``cuprope.qknorm.rope_qk_norm_forward``'s arguments (no ``out``/``inplace``)
+and is differentiable in q, k and both weights. Eager calls run an
+``autograd.Function``; under ``torch.compile`` it dispatches to the custom
+ops ``cuprope::rope_qk_norm`` / ``cuprope::rope_qk_norm_backward`` (fake
+implementations, registered autograd), so ``fullgraph=True`` traces through.
+The backward saves q, k (before the norm) and the weights, and recomputes the
+norm from them.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from . import qknorm
+from .config import RopeConfig, config_by_key
+
+__all__ = ["rope_qk_norm", "RopeQKNormFunction"]
+
+_Opt = Optional[torch.Tensor]
+
+
+def _key(config):
+    if not isinstance(config, RopeConfig):
+        raise TypeError(f"config must be a cuprope.RopeConfig, got {type(config).__name__}")
+    return config.key
+
+
+def _settings(config_key, offset, eps, norm, weight_offset, order, norm_over, rounding):
+    """The keyword arguments of a qknorm call from the ops' scalars."""
+    try:
+        config = config_by_key(config_key)
+    except KeyError:
+        raise RuntimeError("the RopeConfig behind this cuprope op was garbage-collected") from None
+    return config, dict(offset=offset, eps=eps, norm=norm, weight_offset=weight_offset,
+                        order=order, norm_over=norm_over, rounding=rounding)
+
+
+def _call_kw(q_weight, k_weight, cos, sin, positions, seq_offsets):
+    return dict(q_weight=q_weight, k_weight=k_weight,
+                tables=None if cos is None else (cos, sin), positions=positions,
+                seq_offsets=seq_offsets)
+
+
+def _grad(g, like):
+    if g is None:
+        return torch.zeros_like(like)
+    return g if g.stride(-1) == 1 else g.contiguous()
+
+
+@torch.library.custom_op("cuprope::rope_qk_norm", mutates_args=())
+def _fwd_op(q: torch.Tensor, k: torch.Tensor, q_weight: _Opt, k_weight: _Opt, cos: _Opt,
+            sin: _Opt, positions: _Opt, seq_offsets: _Opt, config_key: int, offset: int,
+            eps: float, norm: str, weight_offset: float, order: str, norm_over: str,
+            rounding: str) -> tuple[torch.Tensor, torch.Tensor]:
+    config, kw = _settings(config_key, offset, eps, norm, weight_offset, order, norm_over,
+                           rounding)
+    return qknorm.rope_qk_norm_forward(q, k, config, **kw,
+                                       **_call_kw(q_weight, k_weight, cos, sin, positions,
+                                                  seq_offsets))
+
+
+@_fwd_op.register_fake
+def _(q, k, q_weight, k_weight, cos, sin, positions, seq_offsets, *scalars):
+    return torch.empty_like(q), torch.empty_like(k)
+
+
+@torch.library.custom_op("cuprope::rope_qk_norm_backward", mutates_args=())
+def _bwd_op(q: torch.Tensor, k: torch.Tensor, grad_q: torch.Tensor, grad_k: torch.Tensor,
+            q_weight: _Opt, k_weight: _Opt, cos: _Opt, sin: _Opt, positions: _Opt,
+            seq_offsets: _Opt, config_key: int, offset: int, eps: float, norm: str,
+            weight_offset: float, order: str, norm_over: str,
+            rounding: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dq_weight, dk_weight); a missing weight's gradient is an empty tensor."""
+    config, kw = _settings(config_key, offset, eps, norm, weight_offset, order, norm_over,
+                           rounding)
+    dq, dk, dwq, dwk = qknorm.rope_qk_norm_backward(
+        q, k, grad_q, grad_k, config, **kw,
+        **_call_kw(q_weight, k_weight, cos, sin, positions, seq_offsets))
+    empty = q.new_empty(0)
+    return dq, dk, empty if dwq is None else dwq, empty if dwk is None else dwk
+
+
+@_bwd_op.register_fake
+def _(q, k, grad_q, grad_k, q_weight, k_weight, *rest):
+    def like(w):
+        return q.new_empty(0) if w is None else torch.empty_like(w)
+    return torch.empty_like(q), torch.empty_like(k), like(q_weight), like(k_weight)
+
+
+def _setup(ctx, inputs, output):
+    ctx.save_for_backward(*inputs[:8])
+    ctx.scalars = inputs[8:]
+
+
+def _backward(ctx, gq, gk):
+    q, k, qw, kw, cos, sin, pos, seq = ctx.saved_tensors
+    dq, dk, dwq, dwk = _bwd_op(q, k, _grad(gq, q), _grad(gk, k), qw, kw, cos, sin, pos, seq,
+                               *ctx.scalars)
+    return ((dq, dk, None if qw is None else dwq, None if kw is None else dwk)
+            + (None,) * (4 + len(ctx.scalars)))
+
+
+_fwd_op.register_autograd(_backward, setup_context=_setup)
+
+
+class RopeQKNormFunction(torch.autograd.Function):
+    """autograd.Function: forward = rope_qk_norm_forward, backward =
+    rope_qk_norm_backward (q, k and the weights saved)."""
+
+    @staticmethod
+    def forward(ctx, q, k, q_weight, k_weight, cos, sin, positions, seq_offsets, *scalars):
+        tensors = (q, k, q_weight, k_weight, cos, sin, positions, seq_offsets)
+        detached = [None if t is None else t.detach() for t in tensors]
+        ctx.save_for_backward(*detached)
+        ctx.scalars = scalars
+        ctx.config = config_by_key(scalars[0])  # alive until the backward
+        return _fwd_op(*detached, *scalars)
+
+    @staticmethod
+    def backward(ctx, gq, gk):
+        return _backward(ctx, gq, gk)
+
+
+def rope_qk_norm(q: torch.Tensor, k: torch.Tensor, config: RopeConfig, *, q_weight: _Opt = None,
+                 k_weight: _Opt = None, eps: float = 1e-6, norm: str = "rms",
+                 weight_offset: float = 0.0, order: str = "norm_then_rope",
+                 norm_over: str = "head", rounding: str = "exact", tables=None,
+                 positions: _Opt = None, offset: int = 0, seq_offsets: _Opt = None):
+    """Differentiable fused QK-norm + RoPE (``cuprope.qknorm.rope_qk_norm_forward``'s
+    shapes and semantics). Returns (q_out, k_out) as new tensors; gradients
+    reach q, k, q_weight and k_weight."""
+    cos, sin = (None, None) if tables is None else tuple(tables)
+    args = (q, k, q_weight, k_weight, cos, sin, positions, seq_offsets)
+    scalars = (_key(config), int(offset), float(eps), norm, float(weight_offset), order,
+               norm_over, rounding)
+    if torch.compiler.is_compiling():
+        return _fwd_op(*args, *scalars)
+    return RopeQKNormFunction.apply(*args, *scalars)

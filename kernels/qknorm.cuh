@@ -1,0 +1,621 @@
+// Fused QK-norm + RoPE (cuprope/qknorm.py): an RMS (or L2) norm over each
+// head's D values, or over all heads of a token of one tensor (OLMo 2), with
+// an optional weight w' = weight_offset + w, before the rotation (Qwen3,
+// Gemma 3, OLMo 2) or after it (Llama 4); forward and backward, q and k in
+// one launch.
+//
+// One warp per token at a time (grid-stride over the tokens, the same tokens
+// for a warp on every run). The warp computes the token's cos/sin once per
+// pair into its slice of shared memory (shared angle source; per-head tables
+// and the caller's cos/sin tables are read per head instead), then walks the
+// norm units (a head, or all heads of a tensor): lane l takes the unit's
+// items l, l + 32, ..., an item being a rotated pair j of a head (elements
+// e1, e2 as the pairing places them) or one pass-through element in [R, D).
+// Pass 1 sums the squares of the unit's pre-norm values (x, or R x for
+// rope_then_norm) and a butterfly shuffle gives every lane the same total;
+// later passes recompute what they need from the inputs (L1/L2 hits).
+//
+// Backward (dx from the saved x and dy): with n = v * r, r = rsqrt(mean(v^2)
+// + eps), u = w' * g (g = R^T dy, or dy for rope_then_norm):
+//   dv = r * (u - n * mean(n * u)),  dw += g * n,
+// and dx = dv (norm_then_rope) or R^T dv (rope_then_norm). Each warp adds its
+// dw terms to its own row of a partial buffer (a lane always owns the same
+// columns: no atomics), and qknorm_dw_kernel sums the rows in a fixed order,
+// so the weight gradient is the same bits on every run.
+//
+// Roundings (QkNormArgs::rounding): 0 exact (fp32 from the float64 angles,
+// rounded once); 1 cast_then_weight (Qwen3RMSNorm: v * r rounded to T, times
+// the weight in T, rounded to T); 2 weight_then_cast (Gemma3RMSNorm, OLMo 2,
+// Llama 4's L2 norm: v * r * (offset + w) in fp32, rounded to T). In 1 and 2
+// the norm's output is rounded to T before the rotation (and the rotation's
+// before the norm for rope_then_norm), as HF's modules hand tensors on; with
+// the caller's cos/sin tables the rotation is rotate_table's (PyTorch's
+// roundings). The backward: exact with rounding 0; in the model modes the
+// gradient autograd forms op by op (unit_backward_model; qknorm_kernel only).
+#pragma once
+
+#include "common.cuh"
+#include "rope.cuh"
+
+namespace cuprope {
+
+// The launch argument: RopeArgs (tensors, positions, angles; in_ptr is x in
+// the forward and dy in the backward) and the norm's fields. Every field is 8
+// bytes; the host mirrors it in cuprope/qknorm.py (ARGS_EXTRA_FIELDS).
+struct QkNormArgs {
+  RopeArgs r;
+  long long x_ptr[2];                 // backward: the saved inputs q, k
+  long long x_sb[2], x_ss[2], x_sh[2];
+  long long w_ptr[2];                 // weights, contiguous (0: none, w' = 1)
+  long long w_dtype[2];               // 0 float32, 1 float16, 2 bfloat16
+  long long w_col[2];                 // first column of each weight in a partial row
+  long long part_ptr;                 // backward: float [n_warps, part_cols]
+  long long part_cols;
+  long long norm_token;               // 1: the unit is all heads of a token
+  long long rope_first;               // 1: rope_then_norm
+  long long rounding;                 // 0 exact, 1 cast_then_weight, 2 weight_then_cast
+  long long table;                    // 1: cos at r.pos_ptr, sin at r.seq_off_ptr, [B, S, R] in T
+  double eps, weight_offset;
+};
+
+template <typename T>
+__device__ __forceinline__ float elem(long long ptr, long long off) {
+  return to_f32(reinterpret_cast<const T*>(ptr)[off]);
+}
+
+template <typename T>
+__device__ __forceinline__ float round_to(float v) {
+  return to_f32(from_f32<T>(v));
+}
+
+__device__ __forceinline__ float weight_at(const QkNormArgs& a, int t, long long i) {
+  const long long p = a.w_ptr[t];
+  if (a.w_dtype[t] == 1) return elem<__half>(p, i);
+  if (a.w_dtype[t] == 2) return elem<__nv_bfloat16>(p, i);
+  return elem<float>(p, i);
+}
+
+// Item i of a head: rotated pair j = i (n = 2) at elements e[0], e[1], or the
+// pass-through element e[0] = R + (i - R/2) (n = 1).
+struct QkItem {
+  int e[2];
+  int n;
+};
+template <bool INTERLEAVED>
+__device__ __forceinline__ QkItem qk_item(int i, int npairs) {
+  if (i >= npairs) return {{npairs + i, npairs + i}, 1};
+  return INTERLEAVED ? QkItem{{2 * i, 2 * i + 1}, 2} : QkItem{{i, i + npairs}, 2};
+}
+
+// The token a warp works on and its angles.
+struct QkToken {
+  unsigned b, s;
+  long long pos0;     // stream-0 position (per-head tables)
+  const float2* cs;   // shared source: the token's cos/sin per pair
+};
+
+// cos and sin at the two elements of pair j of head h (within its tensor):
+// c[k], sn[k] at element e[k] (equal for computed angles; the tables' own).
+struct QkCosSin {
+  float c[2], sn[2];
+};
+template <typename T>
+__device__ __forceinline__ QkCosSin qk_cos_sin(const QkNormArgs& a, const QkToken& tk, int h,
+                                               int j, const QkItem& it) {
+  if (a.table) {
+    const long long toff = tk.b * a.r.pos_sb + tk.s * a.r.pos_ss;
+    return {{elem<T>(a.r.pos_ptr, toff + it.e[0]), elem<T>(a.r.pos_ptr, toff + it.e[1])},
+            {elem<T>(a.r.seq_off_ptr, toff + it.e[0]), elem<T>(a.r.seq_off_ptr, toff + it.e[1])}};
+  }
+  const float2 cs = a.r.freq_sh ? pair_cos_sin(a.r, tk.b, tk.s, j, h, tk.pos0) : tk.cs[j];
+  return {{cs.x, cs.x}, {cs.y, cs.y}};
+}
+
+// The rotation of a pair and its transpose (fp32).
+__device__ __forceinline__ void rot_fwd(const QkCosSin& k, float (&v)[2]) {
+  const float v1 = v[0], v2 = v[1];
+  v[0] = v1 * k.c[0] - v2 * k.sn[0];
+  v[1] = v2 * k.c[1] + v1 * k.sn[1];
+}
+__device__ __forceinline__ void rot_bwd(const QkCosSin& k, float (&v)[2]) {
+  const float d1 = v[0], d2 = v[1];
+  v[0] = d1 * k.c[0] + d2 * k.sn[1];
+  v[1] = d2 * k.c[1] - d1 * k.sn[0];
+}
+
+// rotate_table (HF's formula with PyTorch's roundings; backward: autograd's
+// gradient of it) on one pair of T values, with the tables' values k2.
+template <typename T, bool INTERLEAVED>
+__device__ __forceinline__ void table_rotate(const QkCosSin& k2, float (&v)[2], bool backward) {
+  Pack<T, 1> p0, p1, tc[2], ts[2];
+  p0.v[0] = from_f32<T>(v[0]);
+  p1.v[0] = from_f32<T>(v[1]);
+  for (int m = 0; m < 2; ++m) {
+    tc[m].v[0] = from_f32<T>(k2.c[m]);
+    ts[m].v[0] = from_f32<T>(k2.sn[m]);
+  }
+  rotate_table<T, INTERLEAVED, 1>(p0, p1, tc, ts, backward);
+  v[0] = to_f32(p0.v[0]);
+  v[1] = to_f32(p1.v[0]);
+}
+
+// An item's values, rounded to T, into the row at dst + off.
+template <typename T>
+__device__ __forceinline__ void store_item(long long dst, long long off, const QkItem& it,
+                                           const float (&v)[2]) {
+  for (int m = 0; m < it.n; ++m) reinterpret_cast<T*>(dst)[off + it.e[m]] = from_f32<T>(v[m]);
+}
+
+// The sum over the warp, the same bits in every lane (a fixed butterfly).
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int d = 16; d > 0; d >>= 1) v += __shfl_xor_sync(0xffffffffu, v, d);
+  return v;
+}
+
+// One norm unit of tensor t: heads [h0, h0 + nh) of the token. *_off: the
+// token's element offsets of tensor t (head 0) in the inputs (in_ptr), the
+// outputs and, backward, the saved x; src, dst, xs: their pointers.
+struct QkUnit {
+  int t, h0, nh;
+  long long in_off, out_off, x_off;
+  int npairs, ni;              // pairs and items per head
+  long long src, dst, xs;      // tensor t's input (x, or dy backward), output, saved x
+};
+
+// The unit's pre-norm values of an item: x (norm_then_rope) or R x, rounded
+// to T in the model modes' forward (rope_then_norm); x at src + off.
+template <typename T, bool INTERLEAVED>
+__device__ __forceinline__ void pre_norm(const QkNormArgs& a, const QkToken& tk, int h,
+                                         int j, const QkItem& it, long long src, long long off,
+                                         bool model_round, float (&v)[2]) {
+  v[0] = elem<T>(src, off + it.e[0]);
+  v[1] = it.n == 2 ? elem<T>(src, off + it.e[1]) : 0.f;
+  if (a.rope_first && it.n == 2) {
+    rot_fwd(qk_cos_sin<T>(a, tk, h, j, it), v);
+    if (model_round && a.rounding) {
+      v[0] = round_to<T>(v[0]);
+      v[1] = round_to<T>(v[1]);
+    }
+  }
+}
+
+// r = rsqrt(mean(v^2) + eps) of a unit (every lane gets the same value).
+template <typename T, bool INTERLEAVED>
+__device__ __forceinline__ float unit_rsqrt(const QkNormArgs& a, const QkToken& tk,
+                                            const QkUnit& u, long long src, long long off,
+                                            const long long* sh, bool model_round, int lane) {
+  const int d = static_cast<int>(a.r.head_dim);
+  float ss = 0.f;
+  for (int k = lane; k < u.nh * u.ni; k += 32) {
+    const int h = u.h0 + k / u.ni, i = k % u.ni;
+    const QkItem it = qk_item<INTERLEAVED>(i, u.npairs);
+    float v[2];
+    pre_norm<T, INTERLEAVED>(a, tk, h, i, it, src, off + h * sh[u.t], model_round, v);
+    ss = fmaf(v[0], v[0], ss);
+    ss = fmaf(v[1], v[1], ss);
+  }
+  ss = warp_sum(ss);
+  const float ms = __fdiv_rn(ss, static_cast<float>(u.nh * d));
+  return rsqrtf(add_exact(ms, static_cast<float>(a.eps)));
+}
+
+// w' of element e of head h (1 with no weight), and whether there is one.
+__device__ __forceinline__ float weight_factor(const QkNormArgs& a, const QkUnit& u, int h, int e) {
+  if (!a.w_ptr[u.t]) return 1.f;
+  const long long col = a.norm_token ? static_cast<long long>(h) * a.r.head_dim + e : e;
+  return add_exact(static_cast<float>(a.weight_offset), weight_at(a, u.t, col));
+}
+
+// The norm of one value (v * r * w') with the mode's roundings.
+template <typename T>
+__device__ __forceinline__ float norm_value(const QkNormArgs& a, bool has_w, float v, float r,
+                                            float wf) {
+  if (a.rounding == 1) {
+    const float n = round_to<T>(mul_exact(v, r));
+    return has_w ? round_to<T>(mul_exact(n, round_to<T>(wf))) : n;
+  }
+  if (a.rounding == 2) return round_to<T>(mul_exact(mul_exact(v, r), wf));
+  return v * r * wf;
+}
+
+template <typename T, bool INTERLEAVED>
+__device__ __forceinline__ void unit_forward(const QkNormArgs& a, const QkToken& tk,
+                                             const QkUnit& u, int lane) {
+  const float r = unit_rsqrt<T, INTERLEAVED>(a, tk, u, u.src, u.in_off, a.r.in_sh, true, lane);
+  const bool has_w = a.w_ptr[u.t] != 0;
+  for (int k = lane; k < u.nh * u.ni; k += 32) {
+    const int h = u.h0 + k / u.ni, i = k % u.ni;
+    const QkItem it = qk_item<INTERLEAVED>(i, u.npairs);
+    float v[2];
+    pre_norm<T, INTERLEAVED>(a, tk, h, i, it, u.src, u.in_off + h * a.r.in_sh[u.t], true, v);
+    for (int m = 0; m < it.n; ++m)
+      v[m] = norm_value<T>(a, has_w, v[m], r, weight_factor(a, u, h, it.e[m]));
+    if (it.n == 2 && !a.rope_first) {
+      const QkCosSin k2 = qk_cos_sin<T>(a, tk, h, i, it);
+      if (a.table) {  // HF's formula with PyTorch's roundings, on the norm's T values
+        table_rotate<T, INTERLEAVED>(k2, v, false);
+      } else {
+        rot_fwd(k2, v);
+      }
+    }
+    store_item<T>(u.dst, u.out_off + h * a.r.out_sh[u.t], it, v);
+  }
+}
+
+template <typename T, bool INTERLEAVED>
+__device__ __forceinline__ void unit_backward(const QkNormArgs& a, const QkToken& tk,
+                                              const QkUnit& u, int lane, float* part) {
+  const float r = unit_rsqrt<T, INTERLEAVED>(a, tk, u, u.xs, u.x_off, a.x_sh, false, lane);
+  const float mean_scale = 1.f / static_cast<float>(u.nh * a.r.head_dim);
+  // g (the norm's incoming gradient) and n = v * r of an item
+  auto load = [&](int h, int i, const QkItem& it, float (&g)[2], float (&n)[2]) {
+    pre_norm<T, INTERLEAVED>(a, tk, h, i, it, u.xs, u.x_off + h * a.x_sh[u.t], false, n);
+    n[0] *= r;
+    n[1] *= r;
+    const long long go = u.in_off + h * a.r.in_sh[u.t];
+    g[0] = elem<T>(u.src, go + it.e[0]);
+    g[1] = it.n == 2 ? elem<T>(u.src, go + it.e[1]) : 0.f;
+    if (it.n == 2 && !a.rope_first) rot_bwd(qk_cos_sin<T>(a, tk, h, i, it), g);
+  };
+  float dot = 0.f;
+  for (int k = lane; k < u.nh * u.ni; k += 32) {
+    const int h = u.h0 + k / u.ni, i = k % u.ni;
+    const QkItem it = qk_item<INTERLEAVED>(i, u.npairs);
+    float g[2], n[2];
+    load(h, i, it, g, n);
+    for (int m = 0; m < it.n; ++m) dot = fmaf(n[m], weight_factor(a, u, h, it.e[m]) * g[m], dot);
+  }
+  const float mean = warp_sum(dot) * mean_scale;
+  const bool has_w = a.w_ptr[u.t] != 0;
+  for (int k = lane; k < u.nh * u.ni; k += 32) {
+    const int h = u.h0 + k / u.ni, i = k % u.ni;
+    const QkItem it = qk_item<INTERLEAVED>(i, u.npairs);
+    float g[2], n[2], dv[2] = {0.f, 0.f};
+    load(h, i, it, g, n);
+    for (int m = 0; m < it.n; ++m) {
+      dv[m] = r * (weight_factor(a, u, h, it.e[m]) * g[m] - n[m] * mean);
+      if (has_w) {
+        const long long col = a.w_col[u.t] +
+                              (a.norm_token ? static_cast<long long>(h) * a.r.head_dim : 0) +
+                              it.e[m];
+        part[col] = fmaf(g[m], n[m], part[col]);
+      }
+    }
+    if (it.n == 2 && a.rope_first) rot_bwd(qk_cos_sin<T>(a, tk, h, i, it), dv);
+    store_item<T>(u.dst, u.out_off + h * a.r.out_sh[u.t], it, dv);
+  }
+}
+
+// The model modes' backward: the gradient autograd forms for HF's modules,
+// op by op in their dtypes (cuprope/qknorm_reference.py model_backward):
+// gin = the rotation's backward of dy rounded to T (the tables': PyTorch's
+// roundings), or dy for rope_then_norm; dn = (gin * w'_T)_T with dw terms
+// (gin * (v r)_T)_T (cast_then_weight), or dn = gin * w', terms gin * v r
+// (weight_then_cast); dr = sum dn * v, du = (-0.5 dr) * (r r r),
+// dv = dn r + (du / N) * (2 v), rounded to T (rope_then_norm: then the
+// transposed rotation, rounded).
+template <typename T, bool INTERLEAVED>
+__device__ __forceinline__ void unit_backward_model(const QkNormArgs& a, const QkToken& tk,
+                                                    const QkUnit& u, int lane, float* part) {
+  const float r = unit_rsqrt<T, INTERLEAVED>(a, tk, u, u.xs, u.x_off, a.x_sh, true, lane);
+  const bool has_w = a.w_ptr[u.t] != 0;
+  // v (the norm's input) and dn of an item, and its dw terms
+  auto load = [&](int h, int i, const QkItem& it, float (&v)[2], float (&dn)[2],
+                  float (&term)[2]) {
+    pre_norm<T, INTERLEAVED>(a, tk, h, i, it, u.xs, u.x_off + h * a.x_sh[u.t], true, v);
+    const long long go = u.in_off + h * a.r.in_sh[u.t];
+    dn[0] = elem<T>(u.src, go + it.e[0]);
+    dn[1] = it.n == 2 ? elem<T>(u.src, go + it.e[1]) : 0.f;
+    if (it.n == 2 && !a.rope_first) {
+      const QkCosSin k2 = qk_cos_sin<T>(a, tk, h, i, it);
+      if (a.table) {
+        table_rotate<T, INTERLEAVED>(k2, dn, true);
+      } else {
+        rot_bwd(k2, dn);
+        dn[0] = round_to<T>(dn[0]);
+        dn[1] = round_to<T>(dn[1]);
+      }
+    }
+    for (int m = 0; m < it.n; ++m) {
+      term[m] = 0.f;
+      if (!has_w) continue;
+      const float wf = weight_factor(a, u, h, it.e[m]);
+      const float n = mul_exact(v[m], r);
+      if (a.rounding == 1) {
+        term[m] = round_to<T>(mul_exact(dn[m], round_to<T>(n)));
+        dn[m] = round_to<T>(mul_exact(dn[m], round_to<T>(wf)));
+      } else {
+        term[m] = mul_exact(dn[m], n);
+        dn[m] = mul_exact(dn[m], wf);
+      }
+    }
+  };
+  float dr = 0.f;
+  for (int k = lane; k < u.nh * u.ni; k += 32) {
+    const int h = u.h0 + k / u.ni, i = k % u.ni;
+    const QkItem it = qk_item<INTERLEAVED>(i, u.npairs);
+    float v[2], dn[2], term[2];
+    load(h, i, it, v, dn, term);
+    for (int m = 0; m < it.n; ++m) dr = add_exact(dr, mul_exact(dn[m], v[m]));
+  }
+  dr = warp_sum(dr);
+  const float du = mul_exact(mul_exact(-0.5f, dr), mul_exact(mul_exact(r, r), r));
+  const float dsq = __fdiv_rn(du, static_cast<float>(u.nh * a.r.head_dim));
+  for (int k = lane; k < u.nh * u.ni; k += 32) {
+    const int h = u.h0 + k / u.ni, i = k % u.ni;
+    const QkItem it = qk_item<INTERLEAVED>(i, u.npairs);
+    float v[2], dn[2], term[2];
+    load(h, i, it, v, dn, term);
+    for (int m = 0; m < it.n; ++m) {
+      dn[m] = round_to<T>(add_exact(mul_exact(dn[m], r), mul_exact(dsq, mul_exact(2.f, v[m]))));
+      if (has_w) {
+        const long long col = a.w_col[u.t] +
+                              (a.norm_token ? static_cast<long long>(h) * a.r.head_dim : 0) +
+                              it.e[m];
+        part[col] = add_exact(part[col], term[m]);
+      }
+    }
+    if (it.n == 2 && a.rope_first) {
+      rot_bwd(qk_cos_sin<T>(a, tk, h, i, it), dn);
+    }
+    store_item<T>(u.dst, u.out_off + h * a.r.out_sh[u.t], it, dn);
+  }
+}
+
+// The kernel: warp w takes tokens w, w + W, ... (W warps in the grid).
+template <typename T, bool INTERLEAVED, bool BWD>
+__global__ void __launch_bounds__(256) qknorm_kernel(const QkNormArgs a) {
+  extern __shared__ float2 qk_cs[];
+  const int lane = threadIdx.x & 31;
+  const int npairs = static_cast<int>(a.r.rot_dim >> 1);
+  const int d = static_cast<int>(a.r.head_dim);
+  float2* cs = qk_cs + (threadIdx.x >> 5) * npairs;
+  const long long warp = static_cast<long long>(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  const long long n_warps = static_cast<long long>(gridDim.x) * (blockDim.x >> 5);
+  const long long tokens = a.r.n_batch * a.r.n_seq;
+  float* part = BWD ? reinterpret_cast<float*>(a.part_ptr) + warp * a.part_cols : nullptr;
+  if (BWD) {
+    for (long long c = lane; c < a.part_cols; c += 32) part[c] = 0.f;
+    __syncwarp();
+  }
+  const bool shared_src = !a.table && !a.r.freq_sh;
+  for (long long tok = warp; tok < tokens; tok += n_warps) {
+    const unsigned b = static_cast<unsigned>(tok / a.r.n_seq);
+    const unsigned s = static_cast<unsigned>(tok - static_cast<long long>(b) * a.r.n_seq);
+    const long long pos0 = (a.table || a.r.stream_map_ptr) ? 0 : token_position(a.r, b, s, 0);
+    if (shared_src) {
+      for (int p = lane; p < npairs; p += 32) cs[p] = pair_cos_sin(a.r, b, s, p, 0, pos0);
+    }
+    __syncwarp();
+    const QkToken tk{b, s, pos0, cs};
+    for (int t = 0; t < 2; ++t) {
+      const int heads = static_cast<int>(a.r.heads[t]);
+      const long long in_off = b * a.r.in_sb[t] + s * a.r.in_ss[t];
+      const long long out_off = b * a.r.out_sb[t] + s * a.r.out_ss[t];
+      const long long x_off = b * a.x_sb[t] + s * a.x_ss[t];
+      const int step = a.norm_token ? heads : 1;
+      for (int h0 = 0; h0 < heads; h0 += step) {
+        const QkUnit u{t, h0, step, in_off, out_off, x_off, npairs, d - npairs,
+                       a.r.in_ptr[t], a.r.out_ptr[t], a.x_ptr[t]};
+        if constexpr (BWD) {
+          if (a.rounding) {
+            unit_backward_model<T, INTERLEAVED>(a, tk, u, lane, part);
+          } else {
+            unit_backward<T, INTERLEAVED>(a, tk, u, lane, part);
+          }
+        } else {
+          unit_forward<T, INTERLEAVED>(a, tk, u, lane);
+        }
+        __syncwarp();
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------- head rows
+// The fast path for the common case: the norm over each head, R = D, 16-byte
+// packs (the host checks alignment and npairs / VEC <= 32), angles computed
+// (shared or per-head table). Like rope_kernel's register rows: a lane owns
+// chunk c of a head, VEC pairs in two packs (p0 at e0, p1 at e1 =
+// e0 + R/2; interleaved pairs sit in adjacent elements, pair_slot), the warp
+// covers rpw = 32 / cpr heads per step, cpr = npairs / VEC lanes per head, and
+// the head's sum (of squares; backward, of n * w' * g) is a segmented
+// shuffle over its cpr lanes (seg_sum). The head stays in registers between
+// the reduction and the store; w' of both tensors sits in shared memory (read
+// once per block). Backward: the lane adds its dw terms to its own
+// columns of its head row's slice of shared memory over every head and token
+// it handles, and at the end the block sums the slices in a fixed order into
+// its own partial row (part_ptr row = blockIdx.x).
+template <bool INTERLEAVED, int VEC>
+__device__ __forceinline__ void rotate_vals(float (&x)[2][VEC], const float2 (&cs)[VEC],
+                                            float sign) {
+#pragma unroll
+  for (int v = 0; v < VEC; ++v) {
+    const Slot q = pair_slot<INTERLEAVED, VEC>(v);
+    const float x1 = x[q.k1][q.i1], x2 = x[q.k2][q.i2];
+    const float c = cs[v].x, sn = cs[v].y * sign;
+    x[q.k1][q.i1] = x1 * c - x2 * sn;
+    x[q.k2][q.i2] = x2 * c + x1 * sn;
+  }
+}
+
+template <typename T, int VEC>
+__device__ __forceinline__ void load_vals(long long ptr, long long off, int e0, int e1,
+                                          float (&x)[2][VEC]) {
+  unpack_f32<T, VEC>(load_pack<T, VEC>(ptr, off + e0), x[0]);
+  unpack_f32<T, VEC>(load_pack<T, VEC>(ptr, off + e1), x[1]);
+}
+
+template <typename T, int VEC>
+__device__ __forceinline__ void store_vals(long long ptr, long long off, int e0, int e1,
+                                           const float (&x)[2][VEC]) {
+  Pack<T, VEC> p;
+  pack_f32<T, VEC>(x[0], p);
+  store_pack<T, VEC>(ptr, off + e0, p);
+  pack_f32<T, VEC>(x[1], p);
+  store_pack<T, VEC>(ptr, off + e1, p);
+}
+
+// w' of column e of tensor t's per-head weight (1 with none).
+__device__ __forceinline__ float head_weight(const QkNormArgs& a, int t, int e) {
+  return a.w_ptr[t] ? add_exact(static_cast<float>(a.weight_offset), weight_at(a, t, e)) : 1.f;
+}
+
+// The block's dw partial row: the sum, in order, of its warps' head rows of
+// dw terms in shared memory (rows[nrows][part_cols], each lane adding to its
+// own columns of row wib * rpw + sub).
+__device__ __forceinline__ void block_dw_row(const QkNormArgs& a, const float* rows, int nrows) {
+  const long long cols = a.part_cols;
+  __syncthreads();  // every warp is done with its tokens
+  float* part = reinterpret_cast<float*>(a.part_ptr) + blockIdx.x * cols;
+  for (long long col = threadIdx.x; col < cols; col += blockDim.x) {
+    float sum = 0.f;
+    for (int r = 0; r < nrows; ++r) sum += rows[r * cols + col];
+    part[col] = sum;
+  }
+}
+
+template <typename T, bool INTERLEAVED, int VEC, bool BWD>
+__global__ void __launch_bounds__(256, BWD ? 2 : 3) qknorm_rows_kernel(const QkNormArgs a) {
+  // [warps][npairs] cos/sin, then w' of q and k [2][D]; BWD: then [warps * rpw][part_cols]
+  extern __shared__ float2 qk_cs[];
+  const int lane = threadIdx.x & 31, wib = threadIdx.x >> 5;
+  const int npairs = static_cast<int>(a.r.rot_dim >> 1);
+  const int cpr = npairs / VEC, rpw = 32 / cpr;
+  const int sub = lane / cpr, c = lane - sub * cpr;
+  const int heads0 = static_cast<int>(a.r.heads[0]);
+  const int htot = heads0 + static_cast<int>(a.r.heads[1]);
+  const float inv_d = 1.f / static_cast<float>(a.r.head_dim);
+  const float eps = static_cast<float>(a.eps);
+  float2* cs = qk_cs + wib * npairs;
+  const int e0 = c * VEC, e1 = e0 + npairs;
+  const ChunkPairs<INTERLEAVED, VEC> pair_at{e0, e1};
+  const long long warp = static_cast<long long>(blockIdx.x) * (blockDim.x >> 5) + wib;
+  const long long n_warps = static_cast<long long>(gridDim.x) * (blockDim.x >> 5);
+  const long long tokens = a.r.n_batch * a.r.n_seq;
+  const int d = static_cast<int>(a.r.head_dim);
+  float* wsm = reinterpret_cast<float*>(qk_cs + (blockDim.x >> 5) * npairs);  // w' [2][D]
+  for (int i = threadIdx.x; i < 2 * d; i += blockDim.x) wsm[i] = head_weight(a, i / d, i % d);
+  // BWD: the lane's dw terms go to its columns of row wib * rpw + sub (zeroed first)
+  [[maybe_unused]] float* rows = wsm + 2 * d;
+  [[maybe_unused]] float* my_row = rows + (wib * rpw + sub) * a.part_cols;
+  if (BWD) {
+    for (long long i = threadIdx.x; i < (blockDim.x >> 5) * rpw * a.part_cols; i += blockDim.x)
+      rows[i] = 0.f;
+  }
+  __syncthreads();
+  for (long long tok = warp; tok < tokens; tok += n_warps) {
+    const unsigned b = static_cast<unsigned>(tok / a.r.n_seq);
+    const unsigned s = static_cast<unsigned>(tok - static_cast<long long>(b) * a.r.n_seq);
+    const long long pos0 = a.r.stream_map_ptr ? 0 : token_position(a.r, b, s, 0);
+    if (!a.r.freq_sh) {
+      for (int p = lane; p < npairs; p += 32) cs[p] = pair_cos_sin(a.r, b, s, p, 0, pos0);
+    }
+    __syncwarp();
+    for (int hb = 0; hb < htot; hb += rpw) {
+      const int h = hb + sub;
+      const bool on = sub < rpw && h < htot;
+      const int t = h >= heads0 ? 1 : 0;
+      const int hh = t ? h - heads0 : h;
+      float2 csv[VEC];
+#pragma unroll
+      for (int v = 0; v < VEC; ++v) {
+        const int j = pair_at(v);
+        csv[v] = a.r.freq_sh ? (on ? pair_cos_sin(a.r, b, s, j, hh, pos0) : make_float2(0.f, 0.f))
+                             : cs[j];
+      }
+      const long long in_off = b * a.r.in_sb[t] + s * a.r.in_ss[t] + hh * a.r.in_sh[t];
+      const long long out_off = b * a.r.out_sb[t] + s * a.r.out_ss[t] + hh * a.r.out_sh[t];
+      float x[2][VEC] = {}, g[2][VEC] = {};  // forward: x; backward: x and dy
+      if (on) {
+        const long long x_off = BWD ? b * a.x_sb[t] + s * a.x_ss[t] + hh * a.x_sh[t] : in_off;
+        load_vals<T, VEC>(BWD ? a.x_ptr[t] : a.r.in_ptr[t], x_off, e0, e1, x);
+        if (BWD) load_vals<T, VEC>(a.r.in_ptr[t], in_off, e0, e1, g);
+      }
+      if (a.rope_first) {
+        rotate_vals<INTERLEAVED, VEC>(x, csv, 1.f);
+        if (!BWD && a.rounding) {
+#pragma unroll
+          for (int k = 0; k < 2; ++k)
+#pragma unroll
+            for (int i = 0; i < VEC; ++i) x[k][i] = round_to<T>(x[k][i]);
+        }
+      }
+      float ss = 0.f;
+#pragma unroll
+      for (int k = 0; k < 2; ++k)
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) ss = fmaf(x[k][i], x[k][i], ss);
+      ss = seg_sum(ss, c, cpr, sub * cpr);
+      const float r = rsqrtf(add_exact(__fdiv_rn(ss, static_cast<float>(a.r.head_dim)), eps));
+      const bool has_w = a.w_ptr[t] != 0;
+      if constexpr (!BWD) {
+#pragma unroll
+        for (int k = 0; k < 2; ++k)
+#pragma unroll
+          for (int i = 0; i < VEC; ++i)
+            x[k][i] = norm_value<T>(a, has_w, x[k][i], r, wsm[t * d + (k ? e1 : e0) + i]);
+        if (!a.rope_first) rotate_vals<INTERLEAVED, VEC>(x, csv, 1.f);
+        if (on) store_vals<T, VEC>(a.r.out_ptr[t], out_off, e0, e1, x);
+      } else {
+        if (!a.rope_first) rotate_vals<INTERLEAVED, VEC>(g, csv, -1.f);
+        float dot = 0.f;
+#pragma unroll
+        for (int k = 0; k < 2; ++k)
+#pragma unroll
+          for (int i = 0; i < VEC; ++i) {
+            x[k][i] *= r;  // n
+            dot = fmaf(x[k][i], wsm[t * d + (k ? e1 : e0) + i] * g[k][i], dot);
+          }
+        const float mean = seg_sum(dot, c, cpr, sub * cpr) * inv_d;
+#pragma unroll
+        for (int k = 0; k < 2; ++k)
+#pragma unroll
+          for (int i = 0; i < VEC; ++i) {
+            const float wf = wsm[t * d + (k ? e1 : e0) + i];
+            if (on && has_w) {
+              float& dw = my_row[a.w_col[t] + (k ? e1 : e0) + i];
+              dw = fmaf(g[k][i], x[k][i], dw);
+            }
+            x[k][i] = r * (wf * g[k][i] - x[k][i] * mean);  // dv
+          }
+        if (a.rope_first) rotate_vals<INTERLEAVED, VEC>(x, csv, -1.f);
+        if (on) store_vals<T, VEC>(a.r.out_ptr[t], out_off, e0, e1, x);
+      }
+    }
+    __syncwarp();
+  }
+  if constexpr (BWD) block_dw_row(a, rows, (blockDim.x >> 5) * rpw);
+}
+
+// The weight gradients from the partial rows: column c of out is the sum of
+// part[0..rows)[col0 + c] in a fixed order (8 slices of rows, each summed in
+// order, then the slices in order), stored in out_dtype (0 f32, 1 f16, 2 bf16).
+__global__ void __launch_bounds__(256) qknorm_dw_kernel(long long part_ptr, long long rows,
+                                                         long long stride, long long col0,
+                                                         long long cols, long long out_ptr,
+                                                         long long out_dtype) {
+  __shared__ float acc[8][32];
+  const long long c = static_cast<long long>(blockIdx.x) * 32 + threadIdx.x;
+  const float* part = reinterpret_cast<const float*>(part_ptr);
+  float v = 0.f;
+  if (c < cols) {
+    for (long long row = threadIdx.y; row < rows; row += 8) v += part[row * stride + col0 + c];
+  }
+  acc[threadIdx.y][threadIdx.x] = v;
+  __syncthreads();
+  if (threadIdx.y != 0 || c >= cols) return;
+  float sum = 0.f;
+#pragma unroll
+  for (int k = 0; k < 8; ++k) sum += acc[k][threadIdx.x];
+  if (out_dtype == 1) {
+    reinterpret_cast<__half*>(out_ptr)[c] = from_f32<__half>(sum);
+  } else if (out_dtype == 2) {
+    reinterpret_cast<__nv_bfloat16*>(out_ptr)[c] = from_f32<__nv_bfloat16>(sum);
+  } else {
+    reinterpret_cast<float*>(out_ptr)[c] = sum;
+  }
+}
+
+}  // namespace cuprope
