@@ -67,7 +67,7 @@ class RopeConfig:
                 raise ValueError(f"base must be a positive finite number, got {base}")
             table = default_inv_freq(rotary_dim, base)
         else:
-            table = np.array(_host(inv_freq), dtype=np.float64)
+            table = np.array(host_array(inv_freq), dtype=np.float64)
             if table.ndim not in (1, 2) or table.shape[-1] != rotary_dim // 2:
                 raise ValueError(
                     f"inv_freq must have shape [R/2] or [H, R/2] with R/2 = {rotary_dim // 2}, "
@@ -78,7 +78,7 @@ class RopeConfig:
         smap = None
         n_streams = 1
         if stream_map is not None:
-            smap = np.array(_host(stream_map))
+            smap = np.array(host_array(stream_map))
             if smap.shape != (rotary_dim // 2,) or smap.dtype.kind not in "iu":
                 raise ValueError(
                     f"stream_map must be an integer array of shape [{rotary_dim // 2}], "
@@ -129,7 +129,7 @@ class RopeConfig:
                 f"layout={self.layout!r}, scale={self.scale}{extra})")
 
 
-def _host(a):
+def host_array(a):
     """Array-like on the host (accepts NumPy, lists, CuPy/torch tensors)."""
     if hasattr(a, "get") and type(a).__module__.startswith("cupy"):
         return a.get()

@@ -53,7 +53,7 @@ from ._core.arrays import describe
 from ._core.cache import ConfigCache
 from ._core.checks import as_float, as_int
 from .api import rope_backward, rope_forward
-from .config import RopeConfig, _host
+from .config import RopeConfig, host_array
 
 __all__ = ["NORMAL", "NEOX", "MROPE", "VISION", "IMROPE", "MODES", "rope", "rope_config",
            "yarn_corr_dims", "pair_streams"]
@@ -211,7 +211,7 @@ def rope_config(head_dim: int, freq_factors=None, *, n_dims: int, mode: int, n_c
     n_pairs = n_dims if mode == VISION else n_dims // 2
     ff = None
     if freq_factors is not None:
-        ff = np.asarray(_host(freq_factors))
+        ff = np.asarray(host_array(freq_factors))
         if ff.ndim != 1 or ff.dtype.kind != "f":
             raise ValueError(f"ggml rope: freq_factors must be a 1-D float array, got "
                              f"{ff.dtype} {ff.shape}")

@@ -53,7 +53,7 @@ from ._core.cache import ConfigCache
 from ._core.launch import TensorPlan, make_plan, pick_vec
 from ._core.layout import canon_sizes, canon_strides
 from ._core.loader import LRPE_ACTS, lrpe_vec_widths
-from .config import RopeConfig, _host
+from .config import RopeConfig, host_array
 from .lrpe_reference import ACTS, activation, backward_reference, forward_reference, rotate
 
 __all__ = ["rotate_1d_forward", "rotate_1d_backward", "normalize_theta", "activation",
@@ -66,7 +66,7 @@ def normalize_theta(theta, heads: int, head_dim: int) -> np.ndarray:
     """θ as float64 ``[1 or H, E]``, the shape rules of the module docstring
     applied; a last dim of 1 is expanded to every pair (E = D/2)."""
     half = head_dim // 2
-    t = np.asarray(_host(theta))
+    t = np.asarray(host_array(theta))
     if t.dtype == np.bool_ or t.dtype.kind not in "fiu":
         raise TypeError(f"theta must hold real numbers, got dtype {t.dtype}")
     t = t.astype(np.float64)
