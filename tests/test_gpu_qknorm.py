@@ -38,7 +38,7 @@ def _dev(a, dtype):
     return torch.tensor(a, dtype=torch.float32).to(getattr(torch, dtype)).cuda()
 
 
-def host_array(t):
+def _host(t):
     return t.detach().float().cpu().numpy().astype(np.float64)
 
 
@@ -130,18 +130,18 @@ def run_case(rng, *, dtype="bfloat16", layout="bshd", b=2, s=37, hq=4, hk=2, d=6
     ang = reference.pair_angles(p, cfg.inv_freq, cfg.stream_map)
     rk = dict(rotary_dim=r, interleaved=cfg.interleaved, scale=cfg.scale, eps=1e-5, over=over,
               order=order, weight_offset=offset_w)
-    wh = [host_array(w) if w is not None else None for w in wt]
+    wh = [_host(w) if w is not None else None for w in wt]
     for x, g, w, y, dx, dw in ((qc, gq, wh[0], yq, dq, dwq), (kc, gk, wh[1], yk, dk, dwk)):
         ref = qref.forward(x, ang, weight=w, **rk)
-        assert_matches(_canon(host_array(y), layout), ref, 2 * np.abs(ref).max(), dtype)
+        assert_matches(_canon(_host(y), layout), ref, 2 * np.abs(ref).max(), dtype)
         dref, dwref = qref.backward(x, g, ang, weight=w, **rk)
-        assert_matches(_canon(host_array(dx), layout), dref, 4 * np.abs(dref).max(), dtype)
+        assert_matches(_canon(_host(dx), layout), dref, 4 * np.abs(dref).max(), dtype)
         if w is None:
             assert dw is None
             continue
         assert dw.dtype == getattr(torch, w_dtype) and dw.shape == (w.shape[0],)
         mag = _dw_magnitude(x, g, ang, w, rk)
-        err = np.abs(host_array(dw) - dwref)
+        err = np.abs(_host(dw) - dwref)
         tol = 1e-5 * mag + (0 if w_dtype == "float32" else np.abs(dwref) * 2.0 ** -7)
         assert (err <= tol).all(), (err / np.maximum(mag, 1e-30)).max()
 
@@ -260,7 +260,7 @@ def test_model_modes_without_tables(rng, dtype, rounding, order, over, r, reques
     wl = (d, d) if over == "head" else (hq * d, hk * d)
     ws = [_bf16_exact(rng, (n,), 0.3) + 1.0 for n in wl]
     wt = [_dev(w, dtype) for w in ws]
-    ws = [host_array(w) for w in wt]  # the weights' values in the dtype
+    ws = [_host(w) for w in wt]  # the weights' values in the dtype
     kw = dict(q_weight=wt[0], k_weight=wt[1], eps=1e-5, order=order, norm_over=over,
               rounding=rounding, offset=5)
     q, k = _dev(qc, dtype), _dev(kc, dtype)
@@ -272,9 +272,9 @@ def test_model_modes_without_tables(rng, dtype, rounding, order, over, r, reques
               over=over, order=order)
     for x, g, w, y, dx in ((qc, gq, ws[0], yq, dq), (kc, gk, ws[1], yk, dk)):
         ref = qref.model_forward(x, np_dt, weight=w, **rk)
-        assert_matches(host_array(y), ref, np.abs(ref).max(), dtype)
+        assert_matches(_host(y), ref, np.abs(ref).max(), dtype)
         dref, _ = qref.model_backward(x, g, np_dt, weight=w, **rk)
-        assert_matches(host_array(dx), dref, 2 * np.abs(dref).max(), dtype)
+        assert_matches(_host(dx), dref, 2 * np.abs(dref).max(), dtype)
 
 
 # ---------------------------------------------------------------- HF models on the GPU
