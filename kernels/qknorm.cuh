@@ -476,6 +476,16 @@ __device__ __forceinline__ void block_dw_row(const QkNormArgs& a, const float* r
   }
 }
 
+// A warp's work is the sequence of units (token, step), step covering heads
+// [step * rpw, step * rpw + rpw) of q then k; a lane keeps the raw packs of
+// its row of the next unit in registers while it works on the current one,
+// so a unit's loads are in flight during the previous unit's reduction and
+// stores, and a token's first loads during its cos/sin (NOTES 33).
+template <typename T, int VEC, bool BWD>
+struct RowPacks {
+  Pack<T, VEC> x[2], g[2];  // x (the saved input, backward); g: dy (backward)
+};
+
 template <typename T, bool INTERLEAVED, int VEC, bool BWD>
 __global__ void __launch_bounds__(256, BWD ? 2 : 3) qknorm_rows_kernel(const QkNormArgs a) {
   // [warps][npairs] cos/sin, then w' of q and k [2][D]; BWD: then [warps * rpw][part_cols]
@@ -486,6 +496,7 @@ __global__ void __launch_bounds__(256, BWD ? 2 : 3) qknorm_rows_kernel(const QkN
   const int sub = lane / cpr, c = lane - sub * cpr;
   const int heads0 = static_cast<int>(a.r.heads[0]);
   const int htot = heads0 + static_cast<int>(a.r.heads[1]);
+  const int steps = (htot + rpw - 1) / rpw;
   const float inv_d = 1.f / static_cast<float>(a.r.head_dim);
   const float eps = static_cast<float>(a.eps);
   float2* cs = qk_cs + wib * npairs;
@@ -504,87 +515,171 @@ __global__ void __launch_bounds__(256, BWD ? 2 : 3) qknorm_rows_kernel(const QkN
     for (long long i = threadIdx.x; i < (blockDim.x >> 5) * rpw * a.part_cols; i += blockDim.x)
       rows[i] = 0.f;
   }
-  __syncthreads();
-  for (long long tok = warp; tok < tokens; tok += n_warps) {
-    const unsigned b = static_cast<unsigned>(tok / a.r.n_seq);
-    const unsigned s = static_cast<unsigned>(tok - static_cast<long long>(b) * a.r.n_seq);
-    const long long pos0 = a.r.stream_map_ptr ? 0 : token_position(a.r, b, s, 0);
-    if (!a.r.freq_sh) {
-      for (int p = lane; p < npairs; p += 32) cs[p] = pair_cos_sin(a.r, b, s, p, 0, pos0);
+  // The lane's row of unit (token (b, s), step): head h (of q, then k),
+  // tensor t, its head hh there, whether the lane works on it, its offsets.
+  struct Unit {
+    unsigned b, s;
+    int t, hh;
+    bool on;
+    long long in_off, out_off, x_off;
+  };
+  auto unit_at = [&](unsigned ub, unsigned us, int step) {
+    Unit u;
+    u.b = ub;
+    u.s = us;
+    const int h = step * rpw + sub;
+    u.on = sub < rpw && h < htot;
+    u.t = h >= heads0 ? 1 : 0;
+    u.hh = u.t ? h - heads0 : h;
+    u.in_off = ub * a.r.in_sb[u.t] + us * a.r.in_ss[u.t] + u.hh * a.r.in_sh[u.t];
+    u.out_off = ub * a.r.out_sb[u.t] + us * a.r.out_ss[u.t] + u.hh * a.r.out_sh[u.t];
+    u.x_off = BWD ? ub * a.x_sb[u.t] + us * a.x_ss[u.t] + u.hh * a.x_sh[u.t] : u.in_off;
+    return u;
+  };
+  auto split = [&](long long tok, unsigned& ub, unsigned& us) {  // one division per token
+    ub = static_cast<unsigned>(tok / a.r.n_seq);
+    us = static_cast<unsigned>(tok - static_cast<long long>(ub) * a.r.n_seq);
+  };
+  auto load_unit = [&](const Unit& u, RowPacks<T, VEC, BWD>& p) {
+    if (!u.on) return;
+    const long long src = BWD ? a.x_ptr[u.t] : a.r.in_ptr[u.t];
+    p.x[0] = load_pack<T, VEC>(src, u.x_off + e0);
+    p.x[1] = load_pack<T, VEC>(src, u.x_off + e1);
+    if (BWD) {
+      p.g[0] = load_pack<T, VEC>(a.r.in_ptr[u.t], u.in_off + e0);
+      p.g[1] = load_pack<T, VEC>(a.r.in_ptr[u.t], u.in_off + e1);
     }
-    __syncwarp();
-    for (int hb = 0; hb < htot; hb += rpw) {
-      const int h = hb + sub;
-      const bool on = sub < rpw && h < htot;
-      const int t = h >= heads0 ? 1 : 0;
-      const int hh = t ? h - heads0 : h;
-      float2 csv[VEC];
+  };
+  // w' of the lane's columns of tensor t (float4 reads: e0, e1 and d are
+  // multiples of VEC >= 4, the slices before wsm whole float4s)
+  auto weights = [&](int t, float (&w)[2][VEC]) {
 #pragma unroll
-      for (int v = 0; v < VEC; ++v) {
-        const int j = pair_at(v);
-        csv[v] = a.r.freq_sh ? (on ? pair_cos_sin(a.r, b, s, j, hh, pos0) : make_float2(0.f, 0.f))
-                             : cs[j];
-      }
-      const long long in_off = b * a.r.in_sb[t] + s * a.r.in_ss[t] + hh * a.r.in_sh[t];
-      const long long out_off = b * a.r.out_sb[t] + s * a.r.out_ss[t] + hh * a.r.out_sh[t];
-      float x[2][VEC] = {}, g[2][VEC] = {};  // forward: x; backward: x and dy
-      if (on) {
-        const long long x_off = BWD ? b * a.x_sb[t] + s * a.x_ss[t] + hh * a.x_sh[t] : in_off;
-        load_vals<T, VEC>(BWD ? a.x_ptr[t] : a.r.in_ptr[t], x_off, e0, e1, x);
-        if (BWD) load_vals<T, VEC>(a.r.in_ptr[t], in_off, e0, e1, g);
-      }
-      if (a.rope_first) {
-        rotate_vals<INTERLEAVED, VEC>(x, csv, 1.f);
-        if (!BWD && a.rounding) {
+    for (int k = 0; k < 2; ++k)
 #pragma unroll
-          for (int k = 0; k < 2; ++k)
-#pragma unroll
-            for (int i = 0; i < VEC; ++i) x[k][i] = round_to<T>(x[k][i]);
-        }
+      for (int i = 0; i < VEC; i += 4) {
+        const float4 v4 = *reinterpret_cast<const float4*>(wsm + t * d + (k ? e1 : e0) + i);
+        w[k][i] = v4.x;
+        w[k][i + 1] = v4.y;
+        w[k][i + 2] = v4.z;
+        w[k][i + 3] = v4.w;
       }
-      float ss = 0.f;
+  };
+  __syncthreads();
+  long long tok = warp;
+  int step = 0;
+  unsigned b = 0, s = 0;
+  RowPacks<T, VEC, BWD> cur;
+  if (tok < tokens) {
+    split(tok, b, s);
+    load_unit(unit_at(b, s, 0), cur);
+  }
+  long long pos0 = 0;
+  while (tok < tokens) {
+    const Unit u = unit_at(b, s, step);
+    if (step == 0) {  // the token's cos/sin (its first loads are in flight)
+      pos0 = a.r.stream_map_ptr ? 0 : token_position(a.r, b, s, 0);
+      if (!a.r.freq_sh) {
+        for (int p = lane; p < npairs; p += 32) cs[p] = pair_cos_sin(a.r, b, s, p, 0, pos0);
+      }
+      __syncwarp();
+    }
+    // the next unit's loads
+    long long ntok = tok;
+    int nstep = step + 1;
+    unsigned nb = b, ns = s;
+    if (nstep == steps) {
+      nstep = 0;
+      ntok += n_warps;
+      if (ntok < tokens) split(ntok, nb, ns);
+    }
+    RowPacks<T, VEC, BWD> nxt;
+    if (ntok < tokens) load_unit(unit_at(nb, ns, nstep), nxt);
+    float2 csv[VEC];
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) {
+      const int j = pair_at(v);
+      csv[v] = a.r.freq_sh ? (u.on ? pair_cos_sin(a.r, u.b, u.s, j, u.hh, pos0)
+                                   : make_float2(0.f, 0.f))
+                           : cs[j];
+    }
+    const int t = u.t;
+    float x[2][VEC] = {}, g[2][VEC] = {};  // forward: x; backward: x and dy
+    if (u.on) {
+#pragma unroll
+      for (int k = 0; k < 2; ++k) {
+        unpack_f32<T, VEC>(cur.x[k], x[k]);
+        if (BWD) unpack_f32<T, VEC>(cur.g[k], g[k]);
+      }
+    }
+    if (a.rope_first) {
+      rotate_vals<INTERLEAVED, VEC>(x, csv, 1.f);
+      if (!BWD && a.rounding) {
+#pragma unroll
+        for (int k = 0; k < 2; ++k)
+#pragma unroll
+          for (int i = 0; i < VEC; ++i) x[k][i] = round_to<T>(x[k][i]);
+      }
+    }
+    float ss = 0.f;
+#pragma unroll
+    for (int k = 0; k < 2; ++k)
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) ss = fmaf(x[k][i], x[k][i], ss);
+    ss = seg_sum(ss, c, cpr, sub * cpr);
+    const float r = rsqrtf(add_exact(__fdiv_rn(ss, static_cast<float>(a.r.head_dim)), eps));
+    const bool has_w = a.w_ptr[t] != 0;
+    float w[2][VEC];
+    weights(t, w);
+    if constexpr (!BWD) {
+      if (a.rounding == 0) {  // (warp-uniform: the exact mode's loop has no branches)
+#pragma unroll
+        for (int k = 0; k < 2; ++k)
+#pragma unroll
+          for (int i = 0; i < VEC; ++i) x[k][i] = x[k][i] * r * w[k][i];
+      } else {
+#pragma unroll
+        for (int k = 0; k < 2; ++k)
+#pragma unroll
+          for (int i = 0; i < VEC; ++i) x[k][i] = norm_value<T>(a, has_w, x[k][i], r, w[k][i]);
+      }
+      if (!a.rope_first) rotate_vals<INTERLEAVED, VEC>(x, csv, 1.f);
+      if (u.on) store_vals<T, VEC>(a.r.out_ptr[t], u.out_off, e0, e1, x);
+    } else {
+      if (!a.rope_first) rotate_vals<INTERLEAVED, VEC>(g, csv, -1.f);
+      float dot = 0.f;
 #pragma unroll
       for (int k = 0; k < 2; ++k)
 #pragma unroll
-        for (int i = 0; i < VEC; ++i) ss = fmaf(x[k][i], x[k][i], ss);
-      ss = seg_sum(ss, c, cpr, sub * cpr);
-      const float r = rsqrtf(add_exact(__fdiv_rn(ss, static_cast<float>(a.r.head_dim)), eps));
-      const bool has_w = a.w_ptr[t] != 0;
-      if constexpr (!BWD) {
+        for (int i = 0; i < VEC; ++i) {
+          x[k][i] *= r;  // n
+          dot = fmaf(x[k][i], w[k][i] * g[k][i], dot);
+        }
+      const float mean = seg_sum(dot, c, cpr, sub * cpr) * inv_d;
+      if (u.on && has_w) {  // dw terms: float4 read-modify-writes of the lane's columns
 #pragma unroll
         for (int k = 0; k < 2; ++k)
 #pragma unroll
-          for (int i = 0; i < VEC; ++i)
-            x[k][i] = norm_value<T>(a, has_w, x[k][i], r, wsm[t * d + (k ? e1 : e0) + i]);
-        if (!a.rope_first) rotate_vals<INTERLEAVED, VEC>(x, csv, 1.f);
-        if (on) store_vals<T, VEC>(a.r.out_ptr[t], out_off, e0, e1, x);
-      } else {
-        if (!a.rope_first) rotate_vals<INTERLEAVED, VEC>(g, csv, -1.f);
-        float dot = 0.f;
-#pragma unroll
-        for (int k = 0; k < 2; ++k)
-#pragma unroll
-          for (int i = 0; i < VEC; ++i) {
-            x[k][i] *= r;  // n
-            dot = fmaf(x[k][i], wsm[t * d + (k ? e1 : e0) + i] * g[k][i], dot);
+          for (int i = 0; i < VEC; i += 4) {
+            float4& dw = *reinterpret_cast<float4*>(my_row + a.w_col[t] + (k ? e1 : e0) + i);
+            float4 v4 = dw;
+            v4.x = fmaf(g[k][i], x[k][i], v4.x);
+            v4.y = fmaf(g[k][i + 1], x[k][i + 1], v4.y);
+            v4.z = fmaf(g[k][i + 2], x[k][i + 2], v4.z);
+            v4.w = fmaf(g[k][i + 3], x[k][i + 3], v4.w);
+            dw = v4;
           }
-        const float mean = seg_sum(dot, c, cpr, sub * cpr) * inv_d;
-#pragma unroll
-        for (int k = 0; k < 2; ++k)
-#pragma unroll
-          for (int i = 0; i < VEC; ++i) {
-            const float wf = wsm[t * d + (k ? e1 : e0) + i];
-            if (on && has_w) {
-              float& dw = my_row[a.w_col[t] + (k ? e1 : e0) + i];
-              dw = fmaf(g[k][i], x[k][i], dw);
-            }
-            x[k][i] = r * (wf * g[k][i] - x[k][i] * mean);  // dv
-          }
-        if (a.rope_first) rotate_vals<INTERLEAVED, VEC>(x, csv, -1.f);
-        if (on) store_vals<T, VEC>(a.r.out_ptr[t], out_off, e0, e1, x);
       }
+#pragma unroll
+      for (int k = 0; k < 2; ++k)
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) x[k][i] = r * (w[k][i] * g[k][i] - x[k][i] * mean);  // dv
+      if (a.rope_first) rotate_vals<INTERLEAVED, VEC>(x, csv, -1.f);
+      if (u.on) store_vals<T, VEC>(a.r.out_ptr[t], u.out_off, e0, e1, x);
     }
-    __syncwarp();
+    if (nstep == 0) __syncwarp();  // every lane is done with the token's cos/sin
+    cur = nxt;
+    tok = ntok;
+    step = nstep;
   }
   if constexpr (BWD) block_dw_row(a, rows, (blockDim.x >> 5) * rpw);
 }
