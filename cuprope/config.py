@@ -46,7 +46,8 @@ class RopeConfig:
     """
 
     __slots__ = ("rotary_dim", "interleaved", "layout", "scale", "inv_freq",
-                 "stream_map", "n_streams", "_device_tables", "_plans", "key", "__weakref__")
+                 "stream_map", "n_streams", "_device_tables", "angle_rows", "angle_tables",
+                 "_plans", "key", "__weakref__")
 
     def __init__(self, rotary_dim: int, *, base: float = 10000.0, inv_freq=None,
                  interleaved: bool = False, layout: str = "bshd", scale: float = 1.0,
@@ -96,6 +97,8 @@ class RopeConfig:
         self.stream_map = smap
         self.n_streams = n_streams
         self._device_tables = {}
+        self.angle_rows = 0      # cache_angles: positions with a float32 cos/sin table
+        self.angle_tables = {}  # device -> that table (cuprope._core.kvlaunch.angle_table)
         self._plans = {}  # launch plans, by call signature (cuprope/_core/engine.py, lrpe.py)
         self.key = next(_KEYS)  # stable integer handle (custom ops pass configs by key)
         _REGISTRY[self.key] = self
@@ -120,6 +123,27 @@ class RopeConfig:
             tables = (f, m)
             self._device_tables[device_id] = tables
         return tables
+
+    def cache_angles(self, max_position: int) -> "RopeConfig":
+        """Opt in to an angle table for the fused KV-cache append
+        (``cuprope.kvcache.rope_append_kv``): on each GPU, on first use, the
+        cos/sin of positions ``[0, max_position)`` are computed once by the
+        kernels' own exact function and kept as float32 ``[max_position, R]``
+        (``max_position · R · 4`` bytes per device). A token whose position
+        lies in the table then reads its row instead of evaluating the
+        trigonometry, which shortens decode steps and prefills; any other
+        token computes as before. Results are the same bits either way.
+
+        Applies to shared frequencies (not per-head tables, not multi-stream
+        maps, where the table is not used). ``max_position`` 0 turns it off.
+        Returns the config."""
+        if isinstance(max_position, bool) or not isinstance(max_position, (int, np.integer)):
+            raise TypeError(f"max_position must be an int, got {type(max_position).__name__}")
+        if not 0 <= max_position <= 2 ** 31:
+            raise ValueError(f"max_position must be in [0, 2**31], got {max_position}")
+        self.angle_rows = int(max_position)
+        self.angle_tables = {}
+        return self
 
     def __repr__(self):
         extra = ", per_head" if self.per_head else ""

@@ -57,7 +57,7 @@ import numpy as np
 from . import kvcache_reference as kref
 from ._core import engine, host, validate
 from ._core.arrays import describe, overlaps
-from ._core.kvlaunch import copy_packs, launch_kv, pick_kv_vec
+from ._core.kvlaunch import angle_table, copy_packs, launch_kv, pick_kv_vec
 from ._core.loader import KV_ANGLES, KV_FP8_CACHE, KV_FP8_Q
 from .config import RopeConfig
 
@@ -370,6 +370,9 @@ def _gpu_append(config, qi, ki, vi, qo, pos, cache, addr, scales, stream):
                   n_indices=addr["kv_indices"].shape[0], n_seqs=addr["kv_indptr"].shape[0] - 1,
                   index_is64=sum(1 << i for i, n in enumerate(names)
                                  if addr[n].dtype == "int64"))
+    table = angle_table(config, qi.device)
+    if table is not None:  # RopeConfig.cache_angles
+        kv.update(cs_ptr=table.data.ptr, cs_st=table.shape[1], cs_rows=table.shape[0])
     for n in ("q", "k", "v"):
         if scales[n] is not None:
             kv[f"{n}_scale"] = scales[n].ptr

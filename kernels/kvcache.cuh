@@ -46,9 +46,20 @@ __device__ __forceinline__ void store_as(long long ptr, long long off, const Pac
                                          float inv) {
   if constexpr (FP8) {
     Pack<unsigned char, VEC> o;
+    if constexpr (VEC % 2 == 0) {  // two per conversion instruction (cvt ... e4m3x2.f32)
 #pragma unroll
-    for (int i = 0; i < VEC; ++i) {
-      o.v[i] = __nv_cvt_float_to_fp8(__fmul_rn(to_f32(p.v[i]), inv), __NV_SATFINITE, __NV_E4M3);
+      for (int i = 0; i < VEC; i += 2) {
+        const __nv_fp8x2_storage_t two = __nv_cvt_float2_to_fp8x2(
+            make_float2(__fmul_rn(to_f32(p.v[i]), inv), __fmul_rn(to_f32(p.v[i + 1]), inv)),
+            __NV_SATFINITE, __NV_E4M3);
+        o.v[i] = static_cast<unsigned char>(two & 0xff);  // .x in the low byte
+        o.v[i + 1] = static_cast<unsigned char>(two >> 8);
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) {
+        o.v[i] = __nv_cvt_float_to_fp8(__fmul_rn(to_f32(p.v[i]), inv), __NV_SATFINITE, __NV_E4M3);
+      }
     }
     store_pack<unsigned char, VEC>(ptr, off, o);
   } else {
@@ -188,7 +199,11 @@ __global__ void __launch_bounds__(kThreads) kv_rope_kernel(const RopeArgs a, con
   // every lane of a chunk. Per-head tables: per row, below.
   const bool per_head = SRC == kKvAngles && a.freq_sh != 0;
   constexpr bool kSlice = SRC == kKvAngles;
-  const bool slice = kSlice && !per_head && h0 < hq + hk;  // (warps of v rows alone skip it)
+  // An angle table (RopeConfig.cache_angles: kv.cs_ptr with the angles source)
+  // holds scaled_cos_sin of rows [0, cs_rows) in float32, the very values the
+  // slice would compute: a token inside it reads its chunk's row instead.
+  const bool from_table = kSlice && kv.cs_ptr != 0 && pos0 >= 0 && pos0 < kv.cs_rows;
+  const bool slice = kSlice && !per_head && !from_table && h0 < hq + hk;  // (not for v rows alone)
   extern __shared__ float2 warp_cs[];
   float2* const my_cs = warp_cs + (threadIdx.x >> 5) * npairs;
   const double f0 = slice && lane < npairs ? inv_freq_at(a, 0, lane) : 0.0;
@@ -198,18 +213,23 @@ __global__ void __launch_bounds__(kThreads) kv_rope_kernel(const RopeArgs a, con
   long long page = 0, prow = 0;
   const bool cached = has_kv && crow.finish(kv, page, prow);
   const float q_inv = inv_scale<Q8>(kv.q_scale, 0);
+  // per-tensor k/v scales: their inverses once per warp (per head: per row, below)
+  const float k_inv = C8 && !kv.kv_scale_sh && has_kv ? inv_scale<C8>(kv.k_scale, 0) : 1.f;
+  const float v_inv = C8 && !kv.kv_scale_sh && has_kv && kv.v_ptr ? inv_scale<C8>(kv.v_scale, 0)
+                                                                   : 1.f;
   int e0 = 0, e1 = 0;  // the chunk's packs (ChunkGeometry)
   bool rot = false, two = false;
   for (int c = lane - sub * cpr; c < chunks; c += cpr) {
     ChunkGeometry<INTERLEAVED, VEC>{rot, c, rot_chunks, two, cw, e0, e1, npairs, chunks}();
     const ChunkPairs<INTERLEAVED, VEC> pair_at{e0, e1};
     float2 cs[VEC];
-    if (rot && !per_head && (!kSlice || slice)) {
-      if constexpr (kSlice) {
+    if (rot && !per_head && (!kSlice || slice || from_table)) {
+      if (slice) {
 #pragma unroll
         for (int v = 0; v < VEC; ++v) cs[v] = my_cs[cs_slot<INTERLEAVED, VEC>(pair_at(v), npairs)];
-      } else {
-        chunk_cos_sin<T, INTERLEAVED, VEC, SRC>(a, kv, b, s, 0, pos0, pair_at, cs);
+      } else {  // the cos_sin_cache, or the angle table
+        chunk_cos_sin<T, INTERLEAVED, VEC, kSlice ? kKvCosSinF32 : SRC>(a, kv, b, s, 0, pos0,
+                                                                       pair_at, cs);
       }
     }
     for (int h = h0 + sub; h < h1; h += rpw) {
@@ -256,12 +276,31 @@ __global__ void __launch_bounds__(kThreads) kv_rope_kernel(const RopeArgs a, con
         const long long co = page * (is_k ? kv.kc_sp : kv.vc_sp) +
                              prow * (is_k ? kv.kc_sr : kv.vc_sr) + hh * (is_k ? kv.kc_sh : kv.vc_sh);
         const long long cptr = is_k ? kv.k_cache : kv.v_cache;
-        const float inv = inv_scale<C8>(is_k ? kv.k_scale : kv.v_scale, hh * kv.kv_scale_sh);
+        const float inv = kv.kv_scale_sh ? inv_scale<C8>(is_k ? kv.k_scale : kv.v_scale, hh)
+                                         : (is_k ? k_inv : v_inv);
         store_as<T, C8, VEC>(cptr, co + e0, x0, inv);
         if (two) store_as<T, C8, VEC>(cptr, co + e1, x1, inv);
       }
     }
   }
+}
+
+// The angle table of RopeConfig.cache_angles: row p of out [rows, R] holds
+// the cos of pairs 0 .. R/2 - 1 at position p, then their sin, as float32:
+// scaled_cos_sin with the shared frequencies, the values kv_rope_kernel's
+// slice computes (a.sin_sign 1). One thread per (row, pair).
+__global__ void __launch_bounds__(kThreads) kv_angle_table_kernel(const RopeArgs a,
+                                                                   long long out_ptr,
+                                                                   long long rows) {
+  const long long npairs = a.rot_dim >> 1;
+  const long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= rows * npairs) return;
+  const long long p = i / npairs;
+  const int j = static_cast<int>(i - p * npairs);
+  const float2 cs = scaled_cos_sin(a, p, inv_freq_at(a, 0, j));
+  float* row = reinterpret_cast<float*>(out_ptr) + p * 2 * npairs;
+  row[j] = cs.x;
+  row[npairs + j] = cs.y;
 }
 
 }  // namespace cuprope

@@ -75,7 +75,7 @@ SCHEMES = {
 
 def check_append(seed, dtype, cfg, cache, addressing, kv_layout="NHD", combined=False, t=37,
                  hq=8, hk=2, d=128, pages=23, ps=16, per_head_scale=False, q_offset=0,
-                 device="cuda"):
+                 device="cuda", pos_high=2 ** 31 - 1):
     """One fused call against the core kernel and the spec's cache rows."""
     torch = _torch()
     g = gen(seed, device)
@@ -85,7 +85,7 @@ def check_append(seed, dtype, cfg, cache, addressing, kv_layout="NHD", combined=
     else:
         q = randn((t, hq, d), dtype, g)
     k, v = randn((t, hk, d), dtype, g), randn((t, hk, d), dtype, g)
-    pos = torch.from_numpy(rng.integers(0, 2 ** 31 - 1, t)).to(device)
+    pos = torch.from_numpy(rng.integers(0, pos_high, t)).to(device)
     pos[:4] = torch.tensor([0, 1, 4095, 131071])[:t]
     cdt = "fp8" if cache == "fp8" else dtype
     inner = (ps, hk, d) if kv_layout == "NHD" else (hk, ps, d)
@@ -172,6 +172,38 @@ FUSED_PARAMS = [(dt, c, a, lay) for dt in ("bfloat16", "float16", "float32")
                 for c in ("same", "fp8") for a in ("slots", "paged") for lay in ("NHD", "HND")]
 SCHEME_PARAMS = [(sc, il) for sc in sorted(SCHEMES) for il in (False, True)]
 HEAD_DIMS = [64, 256]
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+@pytest.mark.parametrize("scheme,interleaved", [("default", False), ("yarn", True),
+                                                ("partial", False)])
+@pytest.mark.parametrize("cache", ["fp8", "none"])
+def test_angle_table_gives_the_same_bits(dtype, scheme, interleaved, cache):
+    """RopeConfig.cache_angles: tokens inside the table read it, the rest
+    (positions past it, 131071 and random ones) compute; both must equal the
+    core kernel's rotation bit for bit, and the table the computed angles."""
+    cfg = SCHEMES[scheme](128, interleaved)
+    cfg.cache_angles(5000)
+    seed = zlib.crc32(f"table{dtype}{scheme}{cache}".encode())
+    check_append(seed, dtype, cfg, cache, "slots", t=61, pos_high=7000)
+    check_append(seed + 1, dtype, cfg, cache, "paged", t=5, pos_high=5000)
+    from cuprope._core.kvlaunch import angle_table
+    tab = angle_table(cfg, 0).get()
+    half = cfg.rotary_dim // 2
+    assert tab.shape == (5000, 2 * half) and tab.dtype == np.float32
+    p = np.array([0, 1, 2047, 4999])
+    ang = p[:, None] * cfg.inv_freq[None, :]
+    for col, fn in ((0, np.cos), (half, np.sin)):
+        assert_matches(tab[p, col:col + half], fn(ang) * cfg.scale, 1.0, "float32")
+
+
+def test_angle_table_off_and_errors():
+    cfg = SCHEMES["default"](128, False)
+    assert cfg.cache_angles(0) is cfg and cfg.angle_rows == 0
+    with pytest.raises(ValueError, match="max_position"):
+        cfg.cache_angles(-1)
+    with pytest.raises(TypeError, match="max_position"):
+        cfg.cache_angles(2.0)
 
 
 @pytest.mark.parametrize("dtype,cache,addressing,kv_layout", FUSED_PARAMS)

@@ -68,9 +68,10 @@ def test_every_instantiation_compiles(arch):
 def test_every_kvcache_instantiation_compiles(arch):
     """The KV-cache dialect (kernels/kvcache.cu): computed angles x 4 fp8
     combinations (3 dtypes x 2 pairings x 2 widths = 48), and the
-    cos_sin_cache source in float32 or the element type (20)."""
+    cos_sin_cache source in float32 or the element type (20), and the angle
+    table's builder (RopeConfig.cache_angles)."""
     names = _loader.kv_kernel_names()
-    assert len(names) == 48 + 20
+    assert len(names) == 48 + 20 + 1
     assert sorted(_loader.kv_kernel_names("kvcache") + _loader.kv_kernel_names(
         "kvcache_cos_sin")) == sorted(names)
     lowered, nbytes, log = _compile(arch, names, _loader.KV_ENTRY)

@@ -13,8 +13,8 @@ import numpy as np
 from .args import ARGS_DTYPE, KV_ARGS_DTYPE, pack_args, pack_kv_args
 from .driver import Stream
 from .launch import MAX_STEPS, grid_for, sm_count
-from .loader import (ITEMSIZE, KV_ANGLES, MODULES, SRC_SHARED, kv_family_of, kv_kernel_name,
-                     lrpe_vec_widths)
+from .loader import (KV_FAMILIES, ITEMSIZE, KV_ANGLE_TABLE_KERNEL, KV_ANGLES, MODULES, SRC_SHARED,
+                     kv_family_of, kv_kernel_name, lrpe_vec_widths)
 
 
 def pick_kv_vec(dtype, arrays, npairs, tail) -> int:
@@ -65,3 +65,34 @@ def launch_kv(device, stream_ptr, *, dtype, interleaved, vec, src, fp8, rope, kv
     with cupy.cuda.Device(device):
         fn = MODULES.functions(device, kv_family_of(src))[name]
         fn(grid, block, (ra, ka), shared_mem=smem, stream=Stream(stream_ptr))
+
+
+KV_FAMILIES_ANGLES = KV_FAMILIES[0]  # the family holding the table's builder
+
+
+def angle_table(config, device):
+    """The float32 ``[config.angle_rows, R]`` angle table of ``config`` on
+    ``device`` (RopeConfig.cache_angles), built on first use by
+    ``kv_angle_table_kernel`` and kept; None when the config has none or its
+    angles are not shared (per-head tables, multi-stream maps)."""
+    rows = config.angle_rows
+    if not rows or config.per_head or config.stream_map is not None:
+        return None
+    table = config.angle_tables.get(device)
+    if table is not None:
+        return table
+    import cupy
+    npairs = config.rotary_dim // 2
+    inv_freq, _ = config.device_tables(device)
+    with cupy.cuda.Device(device):
+        table = cupy.empty((rows, 2 * npairs), dtype=cupy.float32)
+        ra = np.frombuffer(bytearray(pack_args(rot_dim=config.rotary_dim,
+                                               inv_freq_ptr=inv_freq.data.ptr,
+                                               scale=config.scale, sin_sign=1.0)),
+                           dtype=np.int64).view(ARGS_DTYPE)
+        fn = MODULES.functions(device, KV_FAMILIES_ANGLES)[KV_ANGLE_TABLE_KERNEL]
+        n = rows * npairs
+        fn((-(-n // 256), 1, 1), (256, 1, 1), (ra, np.int64(table.data.ptr), np.int64(rows)))
+        cupy.cuda.get_current_stream().synchronize()
+    config.angle_tables[device] = table
+    return table

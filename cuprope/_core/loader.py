@@ -237,14 +237,18 @@ def kv_kernel_name(dtype: str, interleaved: bool, vec: int, src: int = KV_ANGLES
             f"{int(src)}, {int(fp8)}>")
 
 
+KV_ANGLE_TABLE_KERNEL = "cuprope::kv_angle_table_kernel"
+
+
 def kv_family_of(src: int) -> str:
     """The family holding kv_rope_kernel's instantiations for angle source ``src``."""
     return KV_FAMILIES[0] if src == KV_ANGLES else KV_FAMILIES[1]
 
 
 def kv_kernel_names(family: str | None = None) -> list[str]:
-    """Every kv_rope_kernel instantiation (of one KV family, or both)."""
-    names = []
+    """Every kv_rope_kernel instantiation (of one KV family, or both), and
+    the angle table's builder (in the angles family)."""
+    names = [KV_ANGLE_TABLE_KERNEL] if family in (None, KV_FAMILIES[0]) else []
     for dt in DTYPE_CTYPES:
         for il in (False, True):
             for v in lrpe_vec_widths(dt):
