@@ -40,6 +40,8 @@ def main():
     log = b" " * size
     tkc._check(nvrtc.nvrtcGetProgramLog(prog, log))
     rep = log.decode(errors="replace")
+    if os.environ.get("RESOURCES_RAW"):
+        print(rep)
     if rc != nvrtc.nvrtcResult.NVRTC_SUCCESS:
         sys.exit(f"NVRTC failed:\n{rep}")
     lowered = {tkc._check(nvrtc.nvrtcGetLoweredName(prog, n.encode())).decode(): n for n in names}
