@@ -46,20 +46,9 @@ __device__ __forceinline__ void store_as(long long ptr, long long off, const Pac
                                          float inv) {
   if constexpr (FP8) {
     Pack<unsigned char, VEC> o;
-    if constexpr (VEC % 2 == 0) {  // two per conversion instruction (cvt ... e4m3x2.f32)
 #pragma unroll
-      for (int i = 0; i < VEC; i += 2) {
-        const __nv_fp8x2_storage_t two = __nv_cvt_float2_to_fp8x2(
-            make_float2(__fmul_rn(to_f32(p.v[i]), inv), __fmul_rn(to_f32(p.v[i + 1]), inv)),
-            __NV_SATFINITE, __NV_E4M3);
-        o.v[i] = static_cast<unsigned char>(two & 0xff);  // .x in the low byte
-        o.v[i + 1] = static_cast<unsigned char>(two >> 8);
-      }
-    } else {
-#pragma unroll
-      for (int i = 0; i < VEC; ++i) {
-        o.v[i] = __nv_cvt_float_to_fp8(__fmul_rn(to_f32(p.v[i]), inv), __NV_SATFINITE, __NV_E4M3);
-      }
+    for (int i = 0; i < VEC; ++i) {
+      o.v[i] = __nv_cvt_float_to_fp8(__fmul_rn(to_f32(p.v[i]), inv), __NV_SATFINITE, __NV_E4M3);
     }
     store_pack<unsigned char, VEC>(ptr, off, o);
   } else {
@@ -213,10 +202,6 @@ __global__ void __launch_bounds__(kThreads) kv_rope_kernel(const RopeArgs a, con
   long long page = 0, prow = 0;
   const bool cached = has_kv && crow.finish(kv, page, prow);
   const float q_inv = inv_scale<Q8>(kv.q_scale, 0);
-  // per-tensor k/v scales: their inverses once per warp (per head: per row, below)
-  const float k_inv = C8 && !kv.kv_scale_sh && has_kv ? inv_scale<C8>(kv.k_scale, 0) : 1.f;
-  const float v_inv = C8 && !kv.kv_scale_sh && has_kv && kv.v_ptr ? inv_scale<C8>(kv.v_scale, 0)
-                                                                   : 1.f;
   int e0 = 0, e1 = 0;  // the chunk's packs (ChunkGeometry)
   bool rot = false, two = false;
   for (int c = lane - sub * cpr; c < chunks; c += cpr) {
@@ -276,8 +261,7 @@ __global__ void __launch_bounds__(kThreads) kv_rope_kernel(const RopeArgs a, con
         const long long co = page * (is_k ? kv.kc_sp : kv.vc_sp) +
                              prow * (is_k ? kv.kc_sr : kv.vc_sr) + hh * (is_k ? kv.kc_sh : kv.vc_sh);
         const long long cptr = is_k ? kv.k_cache : kv.v_cache;
-        const float inv = kv.kv_scale_sh ? inv_scale<C8>(is_k ? kv.k_scale : kv.v_scale, hh)
-                                         : (is_k ? k_inv : v_inv);
+        const float inv = inv_scale<C8>(is_k ? kv.k_scale : kv.v_scale, hh * kv.kv_scale_sh);
         store_as<T, C8, VEC>(cptr, co + e0, x0, inv);
         if (two) store_as<T, C8, VEC>(cptr, co + e1, x1, inv);
       }

@@ -497,7 +497,8 @@ __global__ void __launch_bounds__(256, BWD ? 2 : 3) qknorm_rows_kernel(const QkN
   const int heads0 = static_cast<int>(a.r.heads[0]);
   const int htot = heads0 + static_cast<int>(a.r.heads[1]);
   const int steps = (htot + rpw - 1) / rpw;
-  const float inv_d = 1.f / static_cast<float>(a.r.head_dim);
+  const float fd = static_cast<float>(a.r.head_dim), inv_d = 1.f / fd;
+  const bool pow2_d = (a.r.head_dim & (a.r.head_dim - 1)) == 0;
   const float eps = static_cast<float>(a.eps);
   float2* cs = qk_cs + wib * npairs;
   const int e0 = c * VEC, e1 = e0 + npairs;
@@ -594,13 +595,20 @@ __global__ void __launch_bounds__(256, BWD ? 2 : 3) qknorm_rows_kernel(const QkN
     }
     RowPacks<T, VEC, BWD> nxt;
     if (ntok < tokens) load_unit(unit_at(nb, ns, nstep), nxt);
+    // the chunk's cos/sin: pairs v, v + 1 (v even) are adjacent slots of the
+    // slice starting at an even one, so one 16-byte shared load takes both
+    // (all issued together); per-head tables compute them instead
     float2 csv[VEC];
 #pragma unroll
-    for (int v = 0; v < VEC; ++v) {
-      const int j = pair_at(v);
-      csv[v] = a.r.freq_sh ? (u.on ? pair_cos_sin(a.r, u.b, u.s, j, u.hh, pos0)
-                                   : make_float2(0.f, 0.f))
-                           : cs[j];
+    for (int v = 0; v < VEC; v += 2) {
+      const float4 c4 = *reinterpret_cast<const float4*>(cs + pair_at(v));
+      csv[v] = make_float2(c4.x, c4.y);
+      csv[v + 1] = make_float2(c4.z, c4.w);
+    }
+    if (a.r.freq_sh) {
+#pragma unroll
+      for (int v = 0; v < VEC; ++v)
+        csv[v] = u.on ? pair_cos_sin(a.r, u.b, u.s, pair_at(v), u.hh, pos0) : make_float2(0.f, 0.f);
     }
     const int t = u.t;
     float x[2][VEC] = {}, g[2][VEC] = {};  // forward: x; backward: x and dy
@@ -626,7 +634,9 @@ __global__ void __launch_bounds__(256, BWD ? 2 : 3) qknorm_rows_kernel(const QkN
 #pragma unroll
       for (int i = 0; i < VEC; ++i) ss = fmaf(x[k][i], x[k][i], ss);
     ss = seg_sum(ss, c, cpr, sub * cpr);
-    const float r = rsqrtf(add_exact(__fdiv_rn(ss, static_cast<float>(a.r.head_dim)), eps));
+    // mean(x^2): a power-of-two D scales exactly, so the product is the quotient
+    const float ms = pow2_d ? ss * inv_d : __fdiv_rn(ss, fd);
+    const float r = rsqrtf(add_exact(ms, eps));
     const bool has_w = a.w_ptr[t] != 0;
     float w[2][VEC];
     weights(t, w);
