@@ -386,9 +386,12 @@ class _Call:
         return pack_args(**fields) + ARGS_EXTRA.pack(*flat, self.eps, self.weight_offset)
 
 
+_DW_PAD = 4  # floats after each dw row (kernels/qknorm.cuh kDwPad: no bank conflicts)
+
+
 def _fast_rows_bytes(npairs, vec, part_cols):
     """Shared bytes of the fast backward's dw rows: one per head row of each warp."""
-    return _WARPS * (32 // (npairs // vec)) * part_cols * 4
+    return _WARPS * (32 // (npairs // vec)) * (part_cols + _DW_PAD) * 4
 
 
 def _workspace(device, stream_ptr, n):

@@ -462,6 +462,33 @@ __device__ __forceinline__ float head_weight(const QkNormArgs& a, int t, int e) 
   return a.w_ptr[t] ? add_exact(static_cast<float>(a.weight_offset), weight_at(a, t, e)) : 1.f;
 }
 
+// The head rows of dw terms in shared memory are part_cols + kDwPad floats
+// apart: with an odd number of 16-byte slots per row, the float4 accesses
+// of a warp's rpw rows and cpr chunks spread over all banks (unpadded, the
+// rows fell on the same banks: ncu counted 59 % excess wavefronts).
+constexpr int kDwPad = 4;
+
+// Slot (in float2) of pair p in qknorm_rows_kernel's cos/sin slice: chunk c's
+// pairs v, v + 1 (v even, pair_at's order) share the 16-byte slot
+// (v / 2) * cpr + c, so the lanes of a head row read consecutive slots in one
+// wavefront (pair-major, chunk c's slots were 8 * VEC bytes apart).
+template <bool INTERLEAVED, int VEC>
+__device__ __forceinline__ int rows_cs_slot(int p, int npairs) {
+  const int cpr = npairs / VEC;
+  int c, v;
+  if (INTERLEAVED) {  // pair_at: v < VEC/2 from the first half of the pairs, the rest the second
+    const int half = npairs / 2, hv = VEC / 2;
+    const bool hi = p >= half;
+    const int q = hi ? p - half : p;
+    c = q / hv;
+    v = (hi ? hv : 0) + q % hv;
+  } else {
+    c = p / VEC;
+    v = p % VEC;
+  }
+  return 2 * ((v >> 1) * cpr + c) + (v & 1);
+}
+
 // The block's dw partial row: the sum, in order, of its warps' head rows of
 // dw terms in shared memory (rows[nrows][part_cols], each lane adding to its
 // own columns of row wib * rpw + sub).
@@ -471,7 +498,7 @@ __device__ __forceinline__ void block_dw_row(const QkNormArgs& a, const float* r
   float* part = reinterpret_cast<float*>(a.part_ptr) + blockIdx.x * cols;
   for (long long col = threadIdx.x; col < cols; col += blockDim.x) {
     float sum = 0.f;
-    for (int r = 0; r < nrows; ++r) sum += rows[r * cols + col];
+    for (int r = 0; r < nrows; ++r) sum += rows[r * (cols + kDwPad) + col];
     part[col] = sum;
   }
 }
@@ -511,9 +538,9 @@ __global__ void __launch_bounds__(256, BWD ? 2 : 3) qknorm_rows_kernel(const QkN
   for (int i = threadIdx.x; i < 2 * d; i += blockDim.x) wsm[i] = head_weight(a, i / d, i % d);
   // BWD: the lane's dw terms go to its columns of row wib * rpw + sub (zeroed first)
   [[maybe_unused]] float* rows = wsm + 2 * d;
-  [[maybe_unused]] float* my_row = rows + (wib * rpw + sub) * a.part_cols;
+  [[maybe_unused]] float* my_row = rows + (wib * rpw + sub) * (a.part_cols + kDwPad);
   if (BWD) {
-    for (long long i = threadIdx.x; i < (blockDim.x >> 5) * rpw * a.part_cols; i += blockDim.x)
+    for (long long i = threadIdx.x; i < (blockDim.x >> 5) * rpw * (a.part_cols + kDwPad); i += blockDim.x)
       rows[i] = 0.f;
   }
   // The lane's row of unit (token (b, s), step): head h (of q, then k),
@@ -580,7 +607,7 @@ __global__ void __launch_bounds__(256, BWD ? 2 : 3) qknorm_rows_kernel(const QkN
     if (step == 0) {  // the token's cos/sin (its first loads are in flight)
       pos0 = a.r.stream_map_ptr ? 0 : token_position(a.r, b, s, 0);
       if (!a.r.freq_sh) {
-        for (int p = lane; p < npairs; p += 32) cs[p] = pair_cos_sin(a.r, b, s, p, 0, pos0);
+        for (int p = lane; p < npairs; p += 32) cs[rows_cs_slot<INTERLEAVED, VEC>(p, npairs)] = pair_cos_sin(a.r, b, s, p, 0, pos0);
       }
       __syncwarp();
     }
@@ -595,13 +622,13 @@ __global__ void __launch_bounds__(256, BWD ? 2 : 3) qknorm_rows_kernel(const QkN
     }
     RowPacks<T, VEC, BWD> nxt;
     if (ntok < tokens) load_unit(unit_at(nb, ns, nstep), nxt);
-    // the chunk's cos/sin: pairs v, v + 1 (v even) are adjacent slots of the
-    // slice starting at an even one, so one 16-byte shared load takes both
-    // (all issued together); per-head tables compute them instead
+    // the chunk's cos/sin: pairs v, v + 1 (v even) share a 16-byte slot
+    // (rows_cs_slot), so one shared load takes both (all issued together);
+    // per-head tables compute them instead
     float2 csv[VEC];
 #pragma unroll
     for (int v = 0; v < VEC; v += 2) {
-      const float4 c4 = *reinterpret_cast<const float4*>(cs + pair_at(v));
+      const float4 c4 = *reinterpret_cast<const float4*>(cs + 2 * ((v >> 1) * cpr + c));
       csv[v] = make_float2(c4.x, c4.y);
       csv[v + 1] = make_float2(c4.z, c4.w);
     }
