@@ -142,17 +142,15 @@ def fast_call(plans, fw, header, arrays):
     """Launch the registered launch for ``arrays`` (a PackedLaunch with its
     pointer patches) and return True, or return False: the general path must
     run. ``fw``: adapter_of(arrays[0])."""
-    if fw is None or not plans:
+    if not plans:
         return False
-    key, ptrs = list(header), []
-    try:
-        fw[0](arrays, key, ptrs)
-    except NoFastPath:
+    tkt = ticket(fw, header, arrays)
+    if tkt is None:
         return False
-    hit = lookup(plans, tuple(key), ptrs, fw[4])
+    hit = lookup(plans, tkt[0], tkt[1], fw[4])
     if hit is None:
         return False
-    hit.run_patched(fw[3](hit.device), ptrs)
+    hit.run_patched(fw[3](hit.device), tkt[1])
     return True
 
 
