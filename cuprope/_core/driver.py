@@ -35,12 +35,13 @@ class Stream:
 class Bound:
     """One kernel with its grid and parameter array, its driver call's
     arguments converted once. ``launch(stream)`` is True when the driver
-    accepted the launch."""
+    accepted the launch; with the stream unchanged, ``call(*args)`` is the
+    launch itself (0: accepted), which the hot paths make inline."""
 
-    __slots__ = ("_call", "_args", "_cfg", "_stream_at", "stream", "_keep")
+    __slots__ = ("call", "args", "_cfg", "_stream_at", "stream", "_keep")
 
     def __init__(self, call, args, cfg, stream_at, keep):
-        self._call, self._args, self._cfg, self._stream_at = call, args, cfg, stream_at
+        self.call, self.args, self._cfg, self._stream_at = call, args, cfg, stream_at
         self._keep = keep  # what the converted pointers point into
         self.stream = 0
 
@@ -49,9 +50,9 @@ class Bound:
             if self._cfg is not None:
                 self._cfg.stream = stream_ptr
             else:
-                self._args[self._stream_at] = ctypes.c_void_p(stream_ptr)
+                self.args[self._stream_at] = ctypes.c_void_p(stream_ptr)
             self.stream = stream_ptr
-        return self._call(*self._args) == 0
+        return self.call(*self.args) == 0
 
 
 class Driver:

@@ -91,8 +91,13 @@ class Entry:
         self.guards, self.variants = guards, {}
 
     def variant(self, ptrs):
+        g = self.guards
+        if len(g) == 1:  # the common case (q and k in place, query and key)
+            i, j, lo, hi = g[0]
+            d = ptrs[j] - ptrs[i]
+            return (d if lo < d < hi else None,)
         return tuple([d if lo < d < hi else None
-                      for i, j, lo, hi in self.guards for d in (ptrs[j] - ptrs[i],)])
+                      for i, j, lo, hi in g for d in (ptrs[j] - ptrs[i],)])
 
 
 def ticket(fw, header, arrays, pairs=()):
@@ -159,14 +164,13 @@ def fast_call(plans, fw, header, arrays):
 
 
 def _rope_ticket(fw, xs, inverse, idx1, idx2, outs, inplace):
+    """The core's ticket (fast_path builds the same key inline)."""
     n = len(xs)
     pairs = ((0, 1),) if inplace and n == 2 else ()
     if outs is not None:
-        arrays = (*xs, *outs, idx1, idx2)
         pairs = tuple((i, n + j) for i in range(n) for j in range(len(outs))) + (
             ((n, n + 1),) if len(outs) == 2 else ())
-    else:
-        arrays = (*xs, idx1, idx2)
+    arrays = xs + (idx1, idx2) if outs is None else (*xs, *outs, idx1, idx2)
     return ticket(fw, ("rope", get_ident(), inverse, inplace, outs is None), arrays, pairs)
 
 
@@ -197,11 +201,13 @@ def fast_path(xs, config, inverse, positions, offset, seq_offsets, outs, inplace
     fw = _FAST.get(type(xs[0]).__module__)
     if fw is None:
         return None
-    tkt = _rope_ticket(fw, xs, inverse, positions, seq_offsets, outs, inplace)
-    if tkt is None:
+    key, ptrs = ["rope", get_ident(), inverse, inplace, outs is None], []
+    try:
+        fw[0](xs + (positions, seq_offsets) if outs is None else (*xs, *outs, positions,
+                                                                   seq_offsets), key, ptrs)
+    except NoFastPath:
         return None
-    key, ptrs, _ = tkt
-    plan = lookup(config._plans, key, ptrs, fw[4])
+    plan = lookup(config._plans, tuple(key), ptrs, fw[4])
     if plan is None:
         return None
     n = len(xs)
