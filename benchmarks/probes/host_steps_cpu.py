@@ -75,14 +75,7 @@ def main():
     paddr = ctypes.addressof(params)
 
     def old_writes():
-        b = buf
-        b[0] = 1
-        b[1] = 2
-        b[2] = 3
-        b[3] = 4
-        b[30] = 5
-        b[35] = 6
-        b[37] = 7
+        seven_writes(buf)
 
     def old_launch():
         return old_fn(140000000000, 3, 1, 1, 320, 1, 1, 0, 0, paddr, None) == 0
@@ -150,7 +143,7 @@ def main():
         ("dict lookup of that key (old: nested tuple; new: lookup + device stub)",
          lambda: old_plans.get(okey), lambda: fastpath.lookup(cfg._plans, key, ptrs, fw[4])),
         ("7 per-call fields (old: NumPy item writes; new: memoryview)", old_writes,
-         lambda: plan.run.__func__ and _mv_writes(plan.words)),
+         lambda: seven_writes(plan.words)),
         ("driver call (old: cuLaunchKernel, argtypes, 11 args; new: Ex, 4 ready args)",
          old_launch, lambda: plan.bound.launch(0)),
         ("whole fast path (old: transcribed; new: fastpath.fast_path)", old_total,
@@ -173,7 +166,8 @@ def fastpath_info(x):
     return describe(x, "x")
 
 
-def _mv_writes(b):
+def seven_writes(b):
+    """The 7 per-call fields of RopeArgs, into a NumPy array or a memoryview."""
     b[0] = 1
     b[1] = 2
     b[2] = 3
