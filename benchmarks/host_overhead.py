@@ -1,20 +1,39 @@
-"""Host time per call for a decode-sized RoPE (B 1, S 1, Hq 32, Hk 8, D 128; bf16
-for torch, fp32 for CuPy, whose arrays cannot be bf16 through the CUDA array
-interface), from torch and from CuPy, with a cProfile of the torch and CuPy
-fast paths. The "general path" row passes stream= so every call validates."""
+"""Host time per call at decode, against one torch eager ``mul_`` timed in
+the same loop and process (issue 16: every torch row ≤ 1.3× ``mul_``).
+
+Rows (B 8 tokens, Hq 32, Hk 8, D 128, bf16; per-token positions):
+  * torch ``mul_`` on q (one eager op; the reference);
+  * ``cuprope.rope_qk_forward`` in place with positions (int32 [B] and
+    int64 [B, 1]), and with new outputs;
+  * ``cuprope.torch.rotary_embedding`` (query/key slices of one qkv tensor,
+    fp32 cos_sin_cache);
+  * the fused KV-cache append ``cuprope.kvcache.rope_append_kv``: bf16 and
+    fp8 (device-scalar scales) caches, flat slots and paged indices;
+  * the general path of the core (stream= given: every call validates);
+  * CuPy rows (fp32: CuPy arrays cannot be bf16).
+Each row: µs per call, the median of ``--blocks`` blocks of ``--calls`` calls
+(one synchronize per block), rows interleaved block by block so every row
+sees the same host state; then the ratio to ``mul_``. A cProfile of the
+torch in-place call and a few fast-path steps timed alone follow; the table
+comes last. ``--csv PATH`` writes the rows.
+
+    python3 benchmarks/host_overhead.py --csv $OUT/host.csv
+"""
+import argparse
 import cProfile
+import csv
 import pstats
+import statistics
 import time
 
-import cupy
 import torch
 
 import cuprope
+import cuprope.torch as ctorch
+from cuprope import kvcache
 
 
-def per_call(fn, n=3000):
-    for _ in range(50):
-        fn()
+def block_us(fn, n):
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     for _ in range(n):
@@ -23,50 +42,156 @@ def per_call(fn, n=3000):
     return (time.perf_counter() - t0) / n * 1e6
 
 
-def main():
-    cfg = cuprope.RopeConfig(128)
-    q = torch.randn(1, 1, 32, 128, device="cuda", dtype=torch.bfloat16)
-    k = torch.randn(1, 1, 8, 128, device="cuda", dtype=torch.bfloat16)
-    pos = torch.tensor([1000], device="cuda", dtype=torch.int32)
-    oq, ok = torch.empty_like(q), torch.empty_like(k)
-    cq, ck = cupy.asarray(q.float()), cupy.asarray(k.float())
-    cpos = cupy.asarray(pos)
-    coq, cok = cupy.empty_like(cq), cupy.empty_like(ck)
-    cstream = cupy.cuda.get_current_stream()
-    x = torch.randn(1, 1, 32, 128, device="cuda")
-    # the HF drop-in: q, k [B, H, S, D] views, cos/sin [B, S, D] in q's dtype
-    from cuprope.torch import _hf_formula, apply_rotary_pos_emb
-    hq, hk = q.transpose(1, 2), k.transpose(1, 2)
-    hcos = torch.randn(1, 1, 128, device="cuda", dtype=torch.bfloat16)
-    hsin = torch.randn_like(hcos)
-    rows = [
-        ("torch add_ (one eager op)", per_call(lambda: x.add_(1.0))),
-        ("torch qk fwd, new outputs", per_call(lambda: cuprope.rope_qk_forward(q, k, cfg, positions=pos))),
-        ("torch qk fwd, out=", per_call(lambda: cuprope.rope_qk_forward(q, k, cfg, positions=pos, out=(oq, ok)))),
-        ("torch qk fwd, in-place", per_call(lambda: cuprope.rope_qk_forward(q, k, cfg, positions=pos, inplace=True))),
-        ("torch single fwd", per_call(lambda: cuprope.rope_forward(q, cfg))),
-        ("HF drop-in apply_rotary_pos_emb", per_call(lambda: apply_rotary_pos_emb(hq, hk, hcos, hsin))),
-        ("HF formula, torch eager", per_call(lambda: _hf_formula(hq, hk, hcos, hsin, 1))),
-        ("cupy qk fwd", per_call(lambda: cuprope.rope_qk_forward(cq, ck, cfg))),
-        ("cupy qk fwd, positions", per_call(lambda: cuprope.rope_qk_forward(cq, ck, cfg, positions=cpos))),
-        ("cupy qk fwd, out=", per_call(lambda: cuprope.rope_qk_forward(cq, ck, cfg, positions=cpos, out=(coq, cok)))),
-        ("cupy qk fwd, in-place", per_call(lambda: cuprope.rope_qk_forward(cq, ck, cfg, positions=cpos, inplace=True))),
-        ("cupy single fwd", per_call(lambda: cuprope.rope_forward(cq, cfg))),
-        ("cupy qk fwd, general path", per_call(lambda: cuprope.rope_qk_forward(cq, ck, cfg, positions=cpos, stream=cstream))),
+def measure(rows, calls, blocks):
+    """{name: [µs per call of each block]}, the rows interleaved block by block."""
+    for _, fn in rows:
+        for _ in range(3):
+            fn()  # compile, plan, register the fast path
+    out = {name: [] for name, _ in rows}
+    for _ in range(blocks):
+        for name, fn in rows:
+            out[name].append(block_us(fn, calls))
+    return out
+
+
+def decode_rows(b=8, hq=32, hk=8, d=128, pages=64, ps=16):
+    dev = "cuda"
+    bf = torch.bfloat16
+    cfg = cuprope.RopeConfig(d, base=500000.0)
+    cfg_thd = cuprope.RopeConfig(d, base=500000.0, layout="thd")
+    q = torch.randn(b, 1, hq, d, device=dev, dtype=bf)
+    k = torch.randn(b, 1, hk, d, device=dev, dtype=bf)
+    pos32 = torch.randint(0, 4096, (b,), device=dev, dtype=torch.int32)
+    pos64 = pos32.to(torch.int64).view(b, 1)
+    # serving layout: query/key/value slices of one qkv tensor
+    qkv = torch.randn(b, (hq + 2 * hk) * d, device=dev, dtype=bf)
+    query, key = qkv[:, :hq * d], qkv[:, hq * d:(hq + hk) * d]
+    tq, tk, tv = (qkv[:, :hq * d].view(b, hq, d), qkv[:, hq * d:(hq + hk) * d].view(b, hk, d),
+                  qkv[:, (hq + hk) * d:].view(b, hk, d))
+    ang = torch.arange(4096, device=dev, dtype=torch.float64)[:, None] * \
+        500000.0 ** (-torch.arange(d // 2, device=dev, dtype=torch.float64) / (d // 2))
+    cos_sin = torch.cat([ang.cos(), ang.sin()], -1).float()
+    caches = {}
+    for name, dt in (("bf16", bf), ("fp8", torch.float8_e4m3fn)):
+        caches[name] = {"k_cache": torch.zeros(pages, ps, hk, d, device=dev, dtype=dt),
+                        "v_cache": torch.zeros(pages, ps, hk, d, device=dev, dtype=dt)}
+    scales = {"k_scale": torch.tensor(0.05, device=dev), "v_scale": torch.tensor(0.05, device=dev)}
+    slots = {"slot_mapping": torch.randperm(pages * ps, device=dev)[:b]}
+    paged = {"kv_indices": torch.randperm(pages, device=dev, dtype=torch.int32),
+             "kv_indptr": torch.arange(0, b + 1, device=dev, dtype=torch.int32) * (pages // b),
+             "batch_indices": torch.arange(b, device=dev, dtype=torch.int32),
+             "cache_positions": torch.randint(0, ps, (b,), device=dev, dtype=torch.int32)}
+    stream = torch.cuda.current_stream()
+
+    def append(cache, addr, extra=None):
+        kw = {**caches[cache], **addr, **(extra or {})}
+        return lambda: kvcache.rope_append_kv(tq, tk, tv, cfg_thd, pos32, **kw)
+
+    return [
+        ("torch mul_ (one eager op)", lambda: q.mul_(1.0)),
+        ("rope_qk_forward in place, positions int32 [B]",
+         lambda: cuprope.rope_qk_forward(q, k, cfg, positions=pos32, inplace=True)),
+        ("rope_qk_forward in place, positions int64 [B,1]",
+         lambda: cuprope.rope_qk_forward(q, k, cfg, positions=pos64, inplace=True)),
+        ("rope_qk_forward, new outputs",
+         lambda: cuprope.rope_qk_forward(q, k, cfg, positions=pos32)),
+        ("cuprope.torch.rotary_embedding (qkv slices)",
+         lambda: ctorch.rotary_embedding(pos32, query, key, d, cos_sin, True)),
+        ("kv append bf16, flat slots", append("bf16", slots)),
+        ("kv append bf16, paged", append("bf16", paged)),
+        ("kv append fp8 (device scales), flat slots", append("fp8", slots, scales)),
+        ("kv append fp8 (device scales), paged", append("fp8", paged, scales)),
+        ("rope_qk_forward general path (stream=)",
+         lambda: cuprope.rope_qk_forward(q, k, cfg, positions=pos32, inplace=True,
+                                         stream=stream)),
     ]
-    for title, call in (("torch", lambda: cuprope.rope_qk_forward(q, k, cfg, positions=pos)),
-                        ("cupy", lambda: cuprope.rope_qk_forward(cq, ck, cfg, positions=cpos))):
-        pr = cProfile.Profile()
-        pr.enable()
-        for _ in range(2000):
-            call()
-        pr.disable()
-        torch.cuda.synchronize()
-        print(f"---- cProfile, {title} qk fwd with positions (fast path)")
-        pstats.Stats(pr).sort_stats("tottime").print_stats(18)
-    print(f"{'host path':<30} {'us/call':>8}")
-    for name, us in rows:
-        print(f"{name:<30} {us:8.1f}")
+
+
+def cupy_rows(b=8, hq=32, hk=8, d=128):
+    import cupy
+    cfg = cuprope.RopeConfig(d)
+    cq = cupy.random.standard_normal((b, 1, hq, d), dtype=cupy.float32)
+    ck = cupy.random.standard_normal((b, 1, hk, d), dtype=cupy.float32)
+    cpos = cupy.arange(b, dtype=cupy.int32)
+    return [("cupy rope_qk_forward in place (fp32)",
+             lambda: cuprope.rope_qk_forward(cq, ck, cfg, positions=cpos, inplace=True))]
+
+
+def step_rows():
+    """Single steps of the torch fast path, timed alone (µs per call)."""
+    import cupy
+    from cuprope._core import fastpath
+    q = torch.randn(8, 1, 32, 128, device="cuda", dtype=torch.bfloat16)
+    fw = fastpath.fast_adapter("torch")
+    steps = [
+        ("q.data_ptr()", q.data_ptr),
+        ("q.get_device()", q.get_device),
+        ("q.device", lambda: q.device),
+        ("signature of one tensor (collect)", lambda: fw[0]((q,), [], [])),
+        ("cupy.cuda.runtime.getDevice()", cupy.cuda.runtime.getDevice),
+        ("torch._C._cuda_getDevice()", torch._C._cuda_getDevice),
+        ("torch.cuda.current_device()", torch.cuda.current_device),
+        ("torch._C._cuda_getCurrentRawStream(0)", lambda: fw[3](0)),
+        ("torch.cuda.current_stream().cuda_stream",
+         lambda: torch.cuda.current_stream().cuda_stream),
+        ("torch.compiler.is_compiling()", torch.compiler.is_compiling),
+    ]
+    out = []
+    for name, fn in steps:
+        n = 20000
+        best = min(_loop_us(fn, n) for _ in range(5))
+        out.append((name, best))
+    return out
+
+
+def _loop_us(fn, n):
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    return (time.perf_counter() - t0) / n * 1e6
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--csv", help="write the rows here")
+    ap.add_argument("--calls", type=int, default=2000, help="calls per block")
+    ap.add_argument("--blocks", type=int, default=9, help="blocks per row (median)")
+    ap.add_argument("--no-cupy", action="store_true")
+    a = ap.parse_args()
+    rows = decode_rows()
+    if not a.no_cupy:
+        rows += cupy_rows()
+    res = measure(rows, a.calls, a.blocks)
+    # where the time goes: the torch in-place call under cProfile
+    fn = rows[1][1]
+    pr = cProfile.Profile()
+    pr.enable()
+    for _ in range(2000):
+        fn()
+    pr.disable()
+    torch.cuda.synchronize()
+    print("---- cProfile, rope_qk_forward in place with positions (fast path)")
+    pstats.Stats(pr).sort_stats("tottime").print_stats(14)
+    print("---- single steps, µs per call")
+    for name, us in step_rows():
+        print(f"  {name:<45} {us:6.3f}")
+    ref = statistics.median(res[rows[0][0]])
+    table = []
+    for name, _ in rows:
+        med = statistics.median(res[name])
+        table.append((name, med, min(res[name]), max(res[name]), med / ref))
+    if a.csv:
+        with open(a.csv, "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["row", "us_per_call_median", "us_min_block", "us_max_block",
+                        "ratio_to_mul"])
+            for name, med, lo, hi, r in table:
+                w.writerow([name, f"{med:.3f}", f"{lo:.3f}", f"{hi:.3f}", f"{r:.3f}"])
+    print(f"---- host time per call (B 8, Hq 32, Hk 8, D 128, bf16), median of {a.blocks} blocks "
+          f"of {a.calls}; target ≤ 1.3× mul_ (issue 16)")
+    print(f"{'row':<50} {'µs/call':>8} {'min':>7} {'max':>7} {'× mul_':>7}")
+    for name, med, lo, hi, r in table:
+        print(f"{name:<50} {med:8.2f} {lo:7.2f} {hi:7.2f} {r:7.2f}")
 
 
 if __name__ == "__main__":

@@ -136,13 +136,15 @@ class RopeConfig:
 
         Applies to shared frequencies (not per-head tables, not multi-stream
         maps, where the table is not used). ``max_position`` 0 turns it off.
-        Returns the config."""
+        Call it before capturing CUDA graphs: it drops the previous table,
+        which a captured launch would still read. Returns the config."""
         if isinstance(max_position, bool) or not isinstance(max_position, (int, np.integer)):
             raise TypeError(f"max_position must be an int, got {type(max_position).__name__}")
         if not 0 <= max_position <= 2 ** 31:
             raise ValueError(f"max_position must be in [0, 2**31], got {max_position}")
         self.angle_rows = int(max_position)
         self.angle_tables = {}
+        self._plans.clear()  # cached launches may hold the old table's address
         return self
 
     def __repr__(self):

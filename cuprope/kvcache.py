@@ -55,9 +55,9 @@ from __future__ import annotations
 import numpy as np
 
 from . import kvcache_reference as kref
-from ._core import engine, host, validate
+from ._core import engine, fastpath, host, validate
 from ._core.arrays import describe, overlaps
-from ._core.kvlaunch import angle_table, copy_packs, launch_kv, pick_kv_vec
+from ._core.kvlaunch import angle_table, copy_packs, pick_kv_vec, plan_kv
 from ._core.loader import KV_ANGLES, KV_FP8_CACHE, KV_FP8_Q
 from .config import RopeConfig
 
@@ -178,9 +178,20 @@ def rope_append_kv(q, k, v, config, positions, *, k_cache=None, v_cache=None, kv
     """Rotate q (into ``q_out``, else in place) and k by ``config`` at
     ``positions``, and write the rotated k and v into the cache rows the
     addressing names, in one launch. See the module docstring for shapes,
-    addressing, fp8 and what is skipped. Returns q_out (or q)."""
+    addressing, fp8 and what is skipped. Returns q_out (or q).
+
+    A repeated call (check=False, no stream=) whose arrays match a previous
+    validated call's in dtype, shape, strides, device and alignment reuses
+    its packed launch (cuprope/_core/fastpath.py)."""
     if not isinstance(config, RopeConfig):
         raise TypeError(f"config must be a cuprope.RopeConfig, got {type(config).__name__}")
+    arrays = (q, k, v, positions, k_cache, v_cache, kv_cache, slot_mapping, kv_indices, kv_indptr,
+              batch_indices, cache_positions, kv_last_page_len, q_out, q_scale, k_scale, v_scale)
+    fast = not check and stream is None and type(kv_layout) is str
+    if fast:
+        header = ("kv", fastpath.get_ident(), kv_layout)
+        if fastpath.fast_call(config._plans, fastpath.adapter_of(q), header, arrays):
+            return q if q_out is None else q_out
     qi, ki, vi = describe(q, "q"), describe(k, "k"), describe(v, "v")
     geo = {}
     for info, name in ((qi, "q"), (ki, "k"), (vi, "v")):
@@ -233,9 +244,33 @@ def rope_append_kv(q, k, v, config, positions, *, k_cache=None, v_cache=None, kv
         _host_append(config, qi, ki, vi, qo, pos, kc, vc, kv_layout, pages, page_size, addr,
                      scales)
         return qo.obj
-    _gpu_append(config, qi, ki, vi, qo, pos, (geo, kloc, vloc, pages, page_size), addr, scales,
-                stream)
-    return engine.hand_back([qi], [qo], engine.stream_handle(stream, qi))[0]
+    stream_ptr = engine.stream_handle(stream, qi)
+    plan, spans = _gpu_append(config, qi, ki, vi, qo, pos, (geo, kc, vc, kloc, vloc, pages,
+                                                            page_size), addr, scales)
+    ptrs = [0 if a is None else i.ptr for a, i in zip(arrays, _by_index(
+        qi, ki, vi, pos, kc, vc, kv_cache is not None, addr, qo if q_out is not None else None,
+        scales))]
+    engine.on_device(dev, plan.run_patched, stream_ptr, ptrs)
+    if fast:
+        fastpath.remember(config._plans, fastpath.ticket(fastpath.fast_adapter(qi.kind), header,
+                                                         arrays, _PAIRS), spans, plan)
+    return engine.hand_back([qi], [qo], stream_ptr)[0]
+
+
+# Indices into rope_append_kv's ``arrays``; the pairs the general path checks
+# for overlap (the caches against q, k, v; q_out against all of them).
+_Q, _K, _V, _POS, _KC, _VC, _KV, _SLOT, _IDX, _IPTR, _BI, _CP, _LAST, _QO, _QS, _KS, _VS = \
+    range(17)
+_PAIRS = tuple((x, c) for c in (_KC, _VC, _KV) for x in (_Q, _K, _V)) + tuple(
+    (x, _QO) for x in (_Q, _K, _V, _KC, _VC, _KV))
+
+
+def _by_index(qi, ki, vi, pos, kc, vc, combined, addr, qo, scales):
+    """The infos in the order of rope_append_kv's ``arrays`` (None where absent)."""
+    return (qi, ki, vi, pos, None if combined else kc, vc, kc if combined else None,
+            addr.get("slot_mapping"), addr.get("kv_indices"), addr.get("kv_indptr"),
+            addr.get("batch_indices"), addr.get("cache_positions"),
+            addr.get("kv_last_page_len"), qo, scales["q"], scales["k"], scales["v"])
 
 
 def _addressing(dev, tshapes, slot_mapping, kv_indices, kv_indptr, batch_indices,
@@ -335,8 +370,11 @@ def _host_append(config, qi, ki, vi, qo, pos, kc, vc, kv_layout, pages, page_siz
     vview[page[valid], row[valid]] = enc_v
 
 
-def _gpu_append(config, qi, ki, vi, qo, pos, cache, addr, scales, stream):
-    geo, kloc, vloc, pages, page_size = cache
+def _gpu_append(config, qi, ki, vi, qo, pos, cache, addr, scales):
+    """The launch (a PackedLaunch whose pointer fields ``run_patched`` fills
+    from the pointers of rope_append_kv's ``arrays``) and the spans of those
+    arrays (fastpath.span)."""
+    geo, kc, vc, kloc, vloc, pages, page_size = cache
     b, s, hq, d, qst = geo["q"]
     hk, kst, vst = geo["k"][2], geo["k"][4], geo["v"][4]
     qost = token_geometry(qo, "q_out")[4]
@@ -377,5 +415,18 @@ def _gpu_append(config, qi, ki, vi, qo, pos, cache, addr, scales, stream):
         if scales[n] is not None:
             kv[f"{n}_scale"] = scales[n].ptr
     kv["kv_scale_sh"] = int(scales["k"] is not None and scales["k"].size > 1)
-    launch_kv(qi.device, engine.stream_handle(stream, qi), dtype=qi.dtype,
-              interleaved=config.interleaved, vec=vec, src=KV_ANGLES, fp8=fp8, rope=rope, kv=kv)
+    combined = vc is None
+    by_index = _by_index(qi, ki, vi, pos, kc, vc, combined, addr, qo if qo is not qi else None,
+                         scales)
+    patches = [("in_ptr0", _Q, 0), ("in_ptr1", _K, 0), ("out_ptr0", _Q if qo is qi else _QO, 0),
+               ("pos_ptr", _POS, 0), ("v_ptr", _V, 0)]
+    if combined:
+        patches += [("k_cache", _KV, 0), ("v_cache", _KV, vloc[0] - kloc[0])]
+    else:
+        patches += [("k_cache", _KC, 0), ("v_cache", _VC, 0)]
+    fields = {"slot_ptr": _SLOT, "batch_ptr": _BI, "cpos_ptr": _CP, "indices_ptr": _IDX,
+              "indptr_ptr": _IPTR, "q_scale": _QS, "k_scale": _KS, "v_scale": _VS}
+    patches += [(f, i, 0) for f, i in fields.items() if by_index[i] is not None]
+    plan = plan_kv(qi.device, dtype=qi.dtype, interleaved=config.interleaved, vec=vec,
+                   src=KV_ANGLES, fp8=fp8, rope=rope, kv=kv, patches=patches)
+    return plan, [fastpath.span(i) for i in by_index]

@@ -128,7 +128,7 @@ def _gpu_backend(src, infos, out_infos, cinfo, sinfo, tstrides, r, inverse, bsd,
     b, s, d = bsd
     device = infos[0].device
     stream_ptr = engine.stream_handle(stream, infos[0])
-    copy_rest, outs_given, out_infos = engine.outputs(infos, out_infos)
+    copy_rest, out_infos = engine.outputs(infos, out_infos)
     gkey = ("T", threading.get_ident(), inverse, copy_rest, device, tuple(cinfo.shape), tstrides,
             cinfo.ptr % 16, sinfo.ptr % 16,
             tuple((i.dtype, tuple(i.shape), i.strides, i.ptr % 16) for i in infos),
@@ -144,5 +144,5 @@ def _gpu_backend(src, infos, out_infos, cinfo, sinfo, tstrides, r, inverse, bsd,
         src._plans[gkey] = (plan, None)
     else:
         plan = entry[0]
-    return engine.run_plan(plan, src, infos, out_infos, outs_given, stream_ptr, cinfo.ptr,
+    return engine.run_plan(plan, src, infos, out_infos, stream_ptr, cinfo.ptr,
                            sinfo.ptr, 0, cache_key)

@@ -336,3 +336,195 @@ def test_rotary_embedding_gpu(dtype, neox, table_dtype):
         view = qkv[:, :(hq + hk) * d].reshape(t, hq + hk, d)
         assert np.array_equal(host_bytes(view[:, :, r:]),
                               host_bytes(before[:, :(hq + hk) * d].reshape(t, hq + hk, d)[:, :, r:]))
+
+
+# ---------------------------------------------------------------- fast paths
+
+
+def _count_general(monkeypatch, module, name):
+    """List that grows by one per call reaching ``module.name`` (the general
+    GPU path)."""
+    calls = []
+    real = getattr(module, name)
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, counted)
+    return calls
+
+
+def _decode_append_args(g, dtype, cache, addressing, b=4, hq=8, hk=2, d=128, pages=9, ps=16,
+                        fused_qkv=False):
+    """Fresh decode-step arrays: q, k, v (views of one qkv buffer when
+    ``fused_qkv``), positions, caches (zeros), addressing and fp8 scales."""
+    torch = _torch()
+    if fused_qkv:
+        qkv = randn((b, (hq + 2 * hk) * d), dtype, g)
+        q = qkv[:, :hq * d].view(b, hq, d)
+        k = qkv[:, hq * d:(hq + hk) * d].view(b, hk, d)
+        v = qkv[:, (hq + hk) * d:].view(b, hk, d)
+    else:
+        q, k, v = randn((b, hq, d), dtype, g), randn((b, hk, d), dtype, g), randn((b, hk, d), dtype, g)
+    pos = torch.randint(0, 100000, (b,), device="cuda", generator=g)
+    cdt = tdt("fp8" if cache == "fp8" else dtype)
+    kw = {"k_cache": torch.zeros(pages, ps, hk, d, device="cuda", dtype=cdt),
+          "v_cache": torch.zeros(pages, ps, hk, d, device="cuda", dtype=cdt)}
+    if cache == "fp8":
+        kw["k_scale"] = torch.rand((), device="cuda", generator=g) * 0.2 + 0.01
+        kw["v_scale"] = torch.rand((), device="cuda", generator=g) * 0.2 + 0.01
+    if addressing == "slots":
+        kw["slot_mapping"] = torch.randperm(pages * ps, device="cuda", generator=g)[:b]
+    else:
+        kw["kv_indices"] = torch.randperm(pages, device="cuda", generator=g).to(torch.int32)
+        kw["kv_indptr"] = torch.tensor([0, 2, 4, 6, 9], device="cuda", dtype=torch.int32)
+        kw["batch_indices"] = torch.arange(b, device="cuda", dtype=torch.int32)
+        kw["cache_positions"] = torch.randint(0, 2 * ps, (b,), device="cuda", generator=g,
+                                              dtype=torch.int32)
+    return q, k, v, pos, kw
+
+
+def _state(q, kw):
+    return [host_bytes(q)] + [host_bytes(kw[n]) for n in ("k_cache", "v_cache")]
+
+
+@pytest.mark.parametrize("dtype,cache,addressing", [("bfloat16", "same", "slots"),
+                                                    ("bfloat16", "fp8", "slots"),
+                                                    ("bfloat16", "fp8", "paged"),
+                                                    ("float16", "same", "paged")])
+@pytest.mark.parametrize("fused_qkv", [False, True])
+def test_append_fast_path_equals_the_general_path(dtype, cache, addressing, fused_qkv,
+                                                  monkeypatch):
+    """Repeated decode steps with fresh tensors take the fast path (one general
+    call in all) and write exactly what the general path (check=True) writes
+    on copies of the same state."""
+    calls = _count_general(monkeypatch, kvcache, "_gpu_append")
+    cfg = SCHEMES["default"](128, False)
+    g = gen(41)
+    for step in range(4):
+        q, k, v, pos, kw = _decode_append_args(g, dtype, cache, addressing, fused_qkv=fused_qkv)
+        q_ref = q.clone()
+        kw_ref = {n: (x.clone() if n in ("k_cache", "v_cache") else x) for n, x in kw.items()}
+        kvcache.rope_append_kv(q_ref, k, v, cfg, pos, check=True, **kw_ref)  # general path
+        n_general = len(calls)
+        out = kvcache.rope_append_kv(q, k, v, cfg, pos, **kw)
+        if step:
+            assert len(calls) == n_general, "a repeated call took the general path"
+        assert out is q
+        torch = _torch()
+        torch.cuda.synchronize()
+        for got, want in zip(_state(q, kw), _state(q_ref, kw_ref)):
+            assert np.array_equal(got, want)
+        assert not np.array_equal(host_bytes(kw["k_cache"]), 0 * host_bytes(kw["k_cache"]))
+
+
+def test_append_fast_path_not_taken_when_arguments_change(monkeypatch):
+    """Each change of a signature or setting reaches the general path (and
+    gives the general path's result), then is fast in turn."""
+    torch = _torch()
+    calls = _count_general(monkeypatch, kvcache, "_gpu_append")
+    cfg = SCHEMES["default"](128, False)
+    g = gen(43)
+
+    def run(**change):
+        q, k, v, pos, kw = _decode_append_args(g, "bfloat16", change.pop("cache", "same"),
+                                               "slots", b=change.pop("b", 4))
+        for name, fn in change.items():
+            if name in ("q", "k", "v", "pos"):
+                q, k, v, pos = [fn(x) if n == name else x
+                                for n, x in zip(("q", "k", "v", "pos"), (q, k, v, pos))]
+            else:
+                kw = fn(kw)
+        before = len(calls)
+        q_ref, kw_ref = q.clone(), {n: x.clone() for n, x in kw.items()}
+        kvcache.rope_append_kv(q, k, v, cfg, pos, **kw)
+        kvcache.rope_append_kv(q_ref, k, v, cfg, pos, check=True, **kw_ref)
+        torch.cuda.synchronize()
+        for got, want in zip(_state(q, kw), _state(q_ref, kw_ref)):
+            assert np.array_equal(got, want)
+        return len(calls) - before - 1   # general-path calls of the checked call excluded
+
+    assert run() == 1                                      # first of its kind
+    assert run() == 0                                      # repeated: fast
+    assert run(b=5) == 1                                   # new shapes
+    assert run(pos=lambda p: p.to(torch.int32)) == 1       # positions' dtype
+    assert run(q=lambda x: x.transpose(0, 1).contiguous().transpose(0, 1)) == 1  # strides
+    assert run(k=lambda x: torch.cat([x, x], -1)[..., :128]) == 1  # a non-contiguous view
+    assert run(cache="fp8") == 1                           # fp8 cache, scales from None
+    assert run(cache="fp8") == 0
+    assert run(kw=lambda kw: {**kw, "q_out": torch.zeros(4, 8, 128, device="cuda",
+                                                         dtype=torch.bfloat16)}) == 1
+    assert run(kw=lambda kw: {**kw, "q_out": torch.zeros(4, 8, 128, device="cuda",
+                                                         dtype=torch.bfloat16)}) == 0
+
+
+def test_append_repeated_call_still_raises_for_bad_input():
+    torch = _torch()
+    cfg = SCHEMES["default"](128, False)
+    g = gen(47)
+    for _ in range(2):
+        q, k, v, pos, kw = _decode_append_args(g, "bfloat16", "fp8", "slots")
+        kvcache.rope_append_kv(q, k, v, cfg, pos, **kw)
+    with pytest.raises(ValueError, match="positions is on host"):
+        kvcache.rope_append_kv(q, k, v, cfg, pos.cpu(), **kw)
+    with pytest.raises(ValueError, match="k's heads"):
+        kvcache.rope_append_kv(q, k, v[:, :1], cfg, pos, **kw)
+    with pytest.raises(ValueError, match="k_scale is needed"):
+        kvcache.rope_append_kv(q, k, v, cfg, pos, **{**kw, "k_scale": None})
+    # the cache overlapping k on a call whose signature is cached: refused
+    flat = kw["k_cache"].view(torch.uint8).view(-1)
+    with pytest.raises(ValueError, match="overlaps"):
+        kvcache.rope_append_kv(q, flat[: k.numel() * 2].view(torch.bfloat16).view(k.shape), v,
+                               cfg, pos, **kw)
+
+
+def _rotary_args(g, dtype, t=6, hq=8, hk=2, d=128, with_key=True):
+    torch = _torch()
+    ang = np.arange(512)[:, None] * 10000.0 ** (-np.arange(d // 2) / (d // 2))
+    table = torch.from_numpy(np.concatenate([np.cos(ang), np.sin(ang)], -1)).float().cuda()
+    qkv = randn((t, (hq + 2 * hk) * d), dtype, g)
+    query = qkv[:, :hq * d]
+    key = qkv[:, hq * d:(hq + hk) * d] if with_key else None
+    pos = torch.randint(0, 512, (t,), device="cuda", generator=g)
+    return pos, query, key, table
+
+
+def test_rotary_embedding_fast_path_equals_the_general_path(monkeypatch):
+    """q and k slices of one qkv tensor (their ranges interleave): repeated
+    calls stay on the fast path and match check=True (the general path)."""
+    import cuprope.cos_sin_cache as csc
+    import cuprope.torch as ctorch
+    calls = _count_general(monkeypatch, csc, "plan_kv")
+    g = gen(53)
+    for step in range(4):
+        pos, query, key, table = _rotary_args(g, "bfloat16")
+        qr, kr = query.clone(), key.clone()
+        csc.rotary_embedding(pos, qr, kr, 128, table, True, check=True)
+        n_general = len(calls)
+        ctorch.rotary_embedding(pos, query, key, 128, table, True)
+        if step:
+            assert len(calls) == n_general, "a repeated call took the general path"
+        assert np.array_equal(host_bytes(query), host_bytes(qr))
+        assert np.array_equal(host_bytes(key), host_bytes(kr))
+    # key=None, another table dtype, GPT-J pairs: each its own general call first
+    for change in ({"with_key": False}, {"table": "same"}, {"neox": False}):
+        before = len(calls)
+        for _ in range(2):
+            pos, query, key, table = _rotary_args(g, "bfloat16",
+                                                  with_key=change.get("with_key", True))
+            if "table" in change:
+                table = table.to(tdt("bfloat16"))
+            neox = change.get("neox", True)
+            qr = query.clone()
+            kr = None if key is None else key.clone()
+            csc.rotary_embedding(pos, qr, kr, 128, table, neox, check=True)
+            ctorch.rotary_embedding(pos, query, key, 128, table, neox)
+            assert np.array_equal(host_bytes(query), host_bytes(qr))
+        assert len(calls) - before == 3, change  # two checked calls, one first fast-path miss
+    # a repeated signature with query and key overlapping: the general path refuses it
+    pos, query, key, table = _rotary_args(g, "bfloat16")
+    with pytest.raises(ValueError, match="overlap"):
+        ctorch.rotary_embedding(pos, query, query[:, :2 * 128], 128, table, True)
+    with pytest.raises(ValueError, match="positions is on host"):
+        ctorch.rotary_embedding(pos.cpu(), query, key, 128, table, True)

@@ -603,3 +603,43 @@ def test_cupy_fast_path_in_place(dtype, rng, monkeypatch):
     q, k, buf = _cupy_qk(rng, dtype)
     with pytest.raises(ValueError, match="overlaps"):
         cuprope.rope_qk_forward(q, buf[: k.size].reshape(k.shape), cfg, inplace=True)
+
+
+def test_fast_path_out_same_view_then_another_out_copies_the_rest(rng, monkeypatch):
+    """out= exactly the inputs (views: nothing to copy past R) and then a
+    separate out= of the same layout: the second must get dims >= R copied
+    (the launch registered for the first does not copy them), and a third
+    call like the second is fast."""
+    import torch
+    calls = _count_general_path(monkeypatch)
+    cfg = cuprope.RopeConfig(64)
+    q, k = rand((2, 3, 4, 128), "bfloat16", rng), rand((2, 3, 2, 128), "bfloat16", rng)
+    q0, k0 = host(q), host(k)
+    cuprope.rope_qk_forward(q, k, cfg, out=(q.view(q.shape), k.view(k.shape)))
+    xmax = max(np.abs(q0).max(), np.abs(k0).max())
+    assert_matches(host(q), expected(q0, cfg), xmax, "bfloat16")
+    for n in range(2):
+        x, y = rand((2, 3, 4, 128), "bfloat16", rng), rand((2, 3, 2, 128), "bfloat16", rng)
+        oq, ok = poisoned_like(x), poisoned_like(y)
+        cuprope.rope_qk_forward(x, y, cfg, out=(oq, ok))
+        for got, src in ((oq, x), (ok, y)):
+            assert_matches(host(got), expected(host(src), cfg), xmax, "bfloat16")
+            assert torch.equal(got[..., 64:], src[..., 64:])
+    assert len(calls) == 2, "the disjoint out= took the same-view launch or missed the fast path"
+
+
+def test_fast_path_repeated_call_with_bad_input_raises(rng):
+    import torch
+    cfg = cuprope.RopeConfig(64)
+    pos = torch.arange(3, device="cuda")
+    for _ in range(2):
+        q, k = rand((2, 3, 4, 64), "float16", rng), rand((2, 3, 2, 64), "float16", rng)
+        cuprope.rope_qk_forward(q, k, cfg, positions=pos, inplace=True)
+    with pytest.raises(ValueError, match="different devices|on host"):
+        cuprope.rope_qk_forward(q, k.cpu(), cfg, positions=pos, inplace=True)
+    with pytest.raises(ValueError, match="positions is on host"):
+        cuprope.rope_qk_forward(q, k, cfg, positions=pos.cpu(), inplace=True)
+    with pytest.raises(ValueError):
+        cuprope.rope_qk_forward(q, k[:, :2], cfg, positions=pos, inplace=True)
+    with pytest.raises(ValueError, match="overlaps"):
+        cuprope.rope_qk_forward(q, q[:, :, :2], cfg, positions=pos, inplace=True)

@@ -1,6 +1,26 @@
-"""Kernel launches through the CUDA driver (``cuLaunchKernel`` by ctypes),
-for plans that have launched once through CuPy (launch.LaunchPlan)."""
+"""Kernel launches through the CUDA driver by ctypes, for launches that have
+gone through CuPy once (launch.PackedLaunch).
+
+``cuLaunchKernelEx`` takes four arguments: a ``CUlaunchConfig`` (grid,
+block, shared bytes, stream) built once per launch and patched only when the
+stream changes, the function, the parameter array and NULL. Each is a ctypes
+object made once, so a call converts nothing (benchmarks/NOTES.md 36: about
+a third of ``cuLaunchKernel``'s eleven converted arguments). Drivers without
+it (before CUDA 12) get ``cuLaunchKernel`` with its arguments preconverted.
+"""
 from __future__ import annotations
+
+import ctypes
+
+_u = ctypes.c_uint
+
+
+class LaunchConfig(ctypes.Structure):
+    """``CUlaunchConfig`` (cuda.h): 7 unsigned ints, the stream at byte 32,
+    then the attribute pointer and count (56 bytes)."""
+
+    _fields_ = [("grid", _u * 3), ("block", _u * 3), ("smem", _u), ("stream", ctypes.c_void_p),
+                ("attrs", ctypes.c_void_p), ("n_attrs", _u)]
 
 
 class Stream:
@@ -12,50 +32,72 @@ class Stream:
         self.ptr = ptr
 
 
+class Bound:
+    """One kernel with its grid and parameter array, its driver call's
+    arguments converted once. ``launch(stream)`` is True when the driver
+    accepted the launch; with the stream unchanged, ``call(*args)`` is the
+    launch itself (0: accepted), which the hot paths make inline."""
+
+    __slots__ = ("call", "args", "_cfg", "_stream_at", "stream", "_keep")
+
+    def __init__(self, call, args, cfg, stream_at, keep):
+        self.call, self.args, self._cfg, self._stream_at = call, args, cfg, stream_at
+        self._keep = keep  # what the converted pointers point into
+        self.stream = 0
+
+    def launch(self, stream_ptr) -> bool:
+        if stream_ptr != self.stream:
+            if self._cfg is not None:
+                self._cfg.stream = stream_ptr
+            else:
+                self.args[self._stream_at] = ctypes.c_void_p(stream_ptr)
+            self.stream = stream_ptr
+        return self.call(*self.args) == 0
+
+
 class Driver:
-    """``cuLaunchKernel`` through ctypes: about a microsecond of host time,
-    against several for CuPy's generic launcher. The first launch of a plan
-    goes through CuPy (which makes the device's context current); later ones
-    come here, and any driver error falls back to CuPy for a clear exception."""
+    """The driver's launch entry point, loaded on first use; ``bind`` is None
+    where there is no driver library (the caller keeps launching through CuPy)."""
 
     def __init__(self):
         self._fn = None
+        self._ex = False
         self._ok = None
 
     def _load(self):
-        import ctypes
         try:
             lib = ctypes.CDLL("libcuda.so.1")
-            fn = lib.cuLaunchKernel
-        except (OSError, AttributeError):
+        except OSError:
             self._ok = False
             return
-        u = ctypes.c_uint
-        fn.argtypes = [ctypes.c_void_p, u, u, u, u, u, u, u, ctypes.c_void_p, ctypes.c_void_p,
-                       ctypes.c_void_p]
-        fn.restype = ctypes.c_int
-        self._fn = fn
-        self._ok = True
+        fn = getattr(lib, "cuLaunchKernelEx", None)
+        self._ex = fn is not None
+        if fn is None:
+            fn = getattr(lib, "cuLaunchKernel", None)
+        if fn is None:
+            self._ok = False
+            return
+        fn.restype = ctypes.c_int  # no argtypes: every argument is passed as a ctypes object
+        self._fn, self._ok = fn, True
 
-    def params_for(self, plan):
+    def bind(self, func_ptr, grid, block, smem, param_addrs, keep):
+        """A Bound launch of the function at ``func_ptr`` whose kernel
+        parameters sit at ``param_addrs`` (one address per parameter); ``keep``
+        holds what those addresses point into. None without a driver."""
         if self._ok is None:
             self._load()
         if not self._ok:
             return None
-        import ctypes
-        # kernelParams[i] points at argument i's bytes: here the RopeArgs struct itself.
-        arr = (ctypes.c_void_p * 1)(plan.buf.ctypes.data)
-        func = plan.func
-        ptr = getattr(func, "ptr", None)
-        if ptr is None:  # a cupy RawKernel: its Function for the current device
-            ptr = func.kernel.ptr
-        return (arr, ctypes.addressof(arr), int(ptr))
-
-    def launch(self, plan, stream_ptr) -> bool:
-        _, params, func = plan._params
-        g, b = plan.grid, plan.block
-        return self._fn(func, g[0], g[1], g[2], b[0], b[1], b[2], plan.smem, stream_ptr,
-                        params, None) == 0
+        params = (ctypes.c_void_p * len(param_addrs))(*param_addrs)
+        pvoid = ctypes.c_void_p(ctypes.addressof(params))
+        fvoid = ctypes.c_void_p(func_ptr)
+        if self._ex:
+            cfg = LaunchConfig((_u * 3)(*grid), (_u * 3)(*block), smem, None, None, 0)
+            return Bound(self._fn, (ctypes.byref(cfg), fvoid, pvoid, None), cfg, -1,
+                         (params, keep))
+        args = [fvoid, *(_u(v) for v in grid), *(_u(v) for v in block), _u(smem),
+                ctypes.c_void_p(0), pvoid, None]
+        return Bound(self._fn, args, None, 8, (params, keep))
 
 
 DRIVER = Driver()

@@ -83,7 +83,7 @@ def _gpu_rope(infos, out_infos, config, inverse, pos_info, seq_info, offset, str
     b, s, d = bsd
     device = infos[0].device
     stream_ptr = stream_handle(stream, infos[0])
-    copy_rest, outs_given, out_infos = outputs(infos, out_infos)
+    copy_rest, out_infos = outputs(infos, out_infos)
     # Only what the plan key needs is computed before the lookup.
     pos = position_fields(config, pos_info)
     seq64 = None if seq_info is None else seq_info.dtype == "int64"
@@ -105,20 +105,20 @@ def _gpu_rope(infos, out_infos, config, inverse, pos_info, seq_info, offset, str
         config._plans[gkey] = (plan, None)
     else:
         plan = entry[0]
-    return run_plan(plan, config, infos, out_infos, outs_given, stream_ptr,
+    return run_plan(plan, config, infos, out_infos, stream_ptr,
                     0 if pos_info is None else pos_info.ptr,
                     0 if seq_info is None else seq_info.ptr, offset, cache_key)
 
 
-def run_plan(plan, owner, infos, out_infos, outs_given, stream_ptr, idx1, idx2, offset,
+def run_plan(plan, owner, infos, out_infos, stream_ptr, idx1, idx2, offset,
              cache_key):
     """Launch ``plan`` on the tensors' device, remember it on ``owner`` for
-    the fast path under ``cache_key`` and hand the outputs back in the
+    the fast path under ``cache_key`` (a fastpath ticket) and hand the outputs back in the
     caller's framework. idx1, idx2: the positions and sequence-offset pointers
     (cos and sin for the table source)."""
     ptrs = (infos[0].ptr, infos[-1].ptr, out_infos[0].ptr, out_infos[-1].ptr, idx1, idx2)
     on_device(infos[0].device, plan.run, stream_ptr, *ptrs, offset)
-    fastpath.remember(owner, cache_key, plan, infos, out_infos, outs_given)
+    fastpath.remember_rope(owner, cache_key, plan, infos, out_infos)
     return hand_back(infos, out_infos, stream_ptr)
 
 
@@ -146,15 +146,14 @@ def stream_handle(stream, info):
 
 
 def outputs(infos, out_infos):
-    """(copy_rest, outs_given, out_infos): whether dims >= R must be copied
-    (out-of-place), whether the caller gave outputs, and the outputs
-    (allocated like the inputs when not given)."""
+    """(copy_rest, out_infos): whether dims >= R must be copied
+    (out-of-place), and the outputs (allocated like the inputs when not
+    given)."""
     copy_rest = out_infos is None or not all(validate.same_view(o, i)
                                              for o, i in zip(out_infos, infos))
-    outs_given = out_infos is not None and not all(o is i for o, i in zip(out_infos, infos))
     if out_infos is None:
         out_infos = [describe(empty_like(i), "out") for i in infos]
-    return copy_rest, outs_given, out_infos
+    return copy_rest, out_infos
 
 
 def tensor_plans(infos, out_infos, layout):

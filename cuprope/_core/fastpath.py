@@ -1,15 +1,30 @@
-"""The fast path: a repeated call skips validation and plan building.
+"""The fast paths: a repeated call skips validation and planning.
 
-A call made only of torch CUDA tensors, or only of CuPy arrays, whose shapes,
-strides, dtypes, devices and settings were seen before on this thread reuses
-the validated launch plan: per call it reads the pointers, allocates outputs
-as the general path would and launches. Anything unusual (out= that may
-overlap, misalignment, another current device, a stream= argument) takes the
-general path (cuprope/_core/engine.py), which validates and raises as usual.
+A call made only of torch CUDA tensors, or only of CuPy arrays, whose
+arrays' (dtype, shape, strides, device, 16-byte alignment) and settings were
+seen before on this thread reuses the launch the general path built and
+validated for them: per call it reads the pointers, patches them into the
+packed arguments and launches through the driver (cuprope/_core/driver.py).
+Anything unusual (a stream= argument, check=True, another current device,
+pointers whose byte ranges may overlap in a way not validated before) takes
+the general path, which validates and raises as usual.
 
-The general path registers its plan under :func:`fast_key` after a launch
-(engine.run_plan); :func:`fast_path` looks it up. ``owner`` is whatever holds
-the plan cache in ``_plans`` (a RopeConfig, or a table source).
+One implementation serves every entry point with a fast path: the core
+(``cuprope.api``, ``cuprope.tables``), the fused KV-cache append
+(``cuprope.kvcache``) and the cos/sin-cache call (``cuprope.cos_sin_cache``):
+
+* ``ticket(fw, header, arrays, pairs)``: the cache key (``header`` + each
+  array's signature, None for an absent one) and the arrays' pointers;
+* ``remember(plans, ticket, spans, payload)``: after a validated general-path
+  launch, registers ``payload`` (a launch.PackedLaunch) under the key;
+* ``lookup(plans, key, ptrs, current_device)``: the payload, or None.
+
+Overlap: ``pairs`` lists the (i, j) array pairs the general path checks for
+overlap. For each, the byte ranges intersect only when ptrs[j] - ptrs[i]
+lies in a window that the arrays' spans fix (the key fixes the spans); a
+call whose differences fall in windows uses only a launch registered with
+exactly those differences (same overlap verdict, same "is the output this
+input" decisions), so e.g. q and k slices of one fused qkv tensor stay fast.
 """
 from __future__ import annotations
 
@@ -17,15 +32,17 @@ import threading
 
 from .validate import MAX_POSITION
 
-# A framework is an adapter tuple (key, ptr, alloc, stream, current_device):
-#   key(xs, config, inverse, positions, seq_offsets, outs, inplace): the plan
-#       cache key, or NoFastPath when an argument is not of that framework;
+# A framework is an adapter tuple (collect, ptr, alloc, stream, current_device):
+#   collect(arrays, key, ptrs): appends each array's signature to the list
+#       ``key`` and its pointer to ``ptrs`` (None and 0 for None), or raises
+#       NoFastPath when an array is not of that framework;
 #   ptr(a): data pointer; alloc(x): a new output laid out as the general
 #   path's; stream(device): the current stream's handle; current_device().
 # _FAST maps the module of the framework's array type to its adapter; an
 # adapter is built when a call of its framework first takes the general path.
 
 _FAST: dict = {}
+get_ident = threading.get_ident
 
 
 class NoFastPath(Exception):
@@ -33,7 +50,10 @@ class NoFastPath(Exception):
 
 
 def span(info):
-    """Byte range [lo, hi) the tensor can touch, relative to its data pointer."""
+    """Byte range [lo, hi) the array can touch, relative to its data pointer
+    (None for an empty array: it overlaps nothing)."""
+    if info is None or info.size == 0:
+        return None
     lo, hi = info.extent()
     return (lo - info.ptr, hi - info.ptr)
 
@@ -54,33 +74,126 @@ def fast_adapter(kind):
     return fw
 
 
+def adapter_of(x):
+    """The registered adapter for ``x``'s framework, or None."""
+    return _FAST.get(type(x).__module__)
+
+
+class Entry:
+    """The launches registered under one key: ``guards`` (i, j, lo, hi), the
+    windows of ptrs[j] - ptrs[i] where arrays i and j may overlap;
+    ``variants`` maps the differences inside their windows (None outside) to
+    a launch."""
+
+    __slots__ = ("guards", "variants")
+
+    def __init__(self, guards):
+        self.guards, self.variants = guards, {}
+
+    def variant(self, ptrs):
+        g = self.guards
+        if len(g) == 1:  # the common case (q and k in place, query and key)
+            i, j, lo, hi = g[0]
+            d = ptrs[j] - ptrs[i]
+            return (d if lo < d < hi else None,)
+        return tuple([d if lo < d < hi else None
+                      for i, j, lo, hi in g for d in (ptrs[j] - ptrs[i],)])
+
+
+def ticket(fw, header, arrays, pairs=()):
+    """(key, ptrs, pairs) of a call whose arrays are all of ``fw``'s framework
+    (on a GPU), else None (also for fw None: no fast path for the framework)."""
+    if fw is None:
+        return None
+    key, ptrs = list(header), []
+    try:
+        fw[0](arrays, key, ptrs)
+    except NoFastPath:
+        return None
+    return tuple(key), ptrs, pairs
+
+
+def remember(plans, tkt, spans, payload):
+    """Register ``payload`` in ``plans`` under the ticket's key and pointer
+    differences (None ticket: nothing to do). ``spans``: span() of each array
+    a pair names, by index."""
+    if tkt is None:
+        return
+    key, ptrs, pairs = tkt
+    entry = plans.get(key)
+    if entry is None:
+        guards = []
+        for i, j in pairs:
+            a, b = spans[i], spans[j]
+            if a is not None and b is not None:
+                guards.append((i, j, a[0] - b[1], a[1] - b[0]))
+        entry = plans[key] = Entry(tuple(guards))
+    entry.variants[entry.variant(ptrs)] = payload
+
+
+def lookup(plans, key, ptrs, current_device):
+    """The launch registered for this key and these pointers, or None (also
+    when another device is current)."""
+    entry = plans.get(key)
+    if entry is None:
+        return None
+    hit = entry.variants.get(entry.variant(ptrs) if entry.guards else ())
+    if hit is None or current_device() != hit.device:
+        return None
+    return hit
+
+
+def fast_call(plans, fw, header, arrays):
+    """Launch the registered launch for ``arrays`` (a PackedLaunch with its
+    pointer patches) and return True, or return False: the general path must
+    run. ``fw``: adapter_of(arrays[0])."""
+    if not plans:
+        return False
+    tkt = ticket(fw, header, arrays)
+    if tkt is None:
+        return False
+    hit = lookup(plans, tkt[0], tkt[1], fw[4])
+    if hit is None:
+        return False
+    hit.run_patched(fw[3](hit.device), tkt[1])
+    return True
+
+
+# The core (rope_call, tables): arrays xs, then the given outputs, then the
+# two index arrays (positions and sequence offsets, or cos and sin).
+
+
+def _rope_ticket(fw, xs, inverse, idx1, idx2, outs, inplace):
+    """The core's ticket (fast_path builds the same key inline)."""
+    n = len(xs)
+    pairs = ((0, 1),) if inplace and n == 2 else ()
+    if outs is not None:
+        pairs = tuple((i, n + j) for i in range(n) for j in range(len(outs))) + (
+            ((n, n + 1),) if len(outs) == 2 else ())
+    arrays = xs + (idx1, idx2) if outs is None else (*xs, *outs, idx1, idx2)
+    return ticket(fw, ("rope", get_ident(), inverse, inplace, outs is None), arrays, pairs)
+
+
 def fast_key(kind, xs, config, inverse, idx1, idx2, outs, inplace, stream):
-    """The fast-path cache key of a call about to take the general path, or
+    """The fast-path ticket of a core call about to take the general path, or
     None when its framework has no fast path (or stream= was given)."""
     if stream is not None:
         return None
     fw = fast_adapter(kind)
     if fw is None:
         return None
-    try:
-        return fw[0](xs, config, inverse, idx1, idx2, outs, inplace)
-    except NoFastPath:
-        return None
+    return _rope_ticket(fw, xs, inverse, idx1, idx2, outs, inplace)
 
 
-def remember(owner, key, plan, infos, out_infos, outs_given):
-    """Register ``plan`` for the fast path under ``key`` (None: nothing to do),
-    with the byte spans its overlap checks need when outputs are given."""
-    if key is None:
-        return
-    spans = None
-    if outs_given:
-        spans = ([span(i) for i in infos], [span(o) for o in out_infos])
-    owner._plans[key] = (plan, spans)
+def remember_rope(owner, tkt, plan, infos, out_infos):
+    """Register a core plan that has just launched (engine.run_plan)."""
+    if tkt is not None:
+        remember(owner._plans, tkt, [span(i) for i in infos] + [span(o) for o in out_infos],
+                 plan)
 
 
 def fast_path(xs, config, inverse, positions, offset, seq_offsets, outs, inplace, stream):
-    """Result tuple, or None when the general path must run."""
+    """Result tuple of a core call, or None when the general path must run."""
     if not config._plans or stream is not None or (inplace and outs is not None):
         return None
     if type(offset) is not int or not -MAX_POSITION <= offset <= MAX_POSITION:
@@ -88,72 +201,59 @@ def fast_path(xs, config, inverse, positions, offset, seq_offsets, outs, inplace
     fw = _FAST.get(type(xs[0]).__module__)
     if fw is None:
         return None
-    key_fn, ptr, alloc, current_stream, current_device = fw
+    key, ptrs = ["rope", get_ident(), inverse, inplace, outs is None], []
     try:
-        key = key_fn(xs, config, inverse, positions, seq_offsets, outs, inplace)
+        fw[0](xs + (positions, seq_offsets) if outs is None else (*xs, *outs, positions,
+                                                                   seq_offsets), key, ptrs)
     except NoFastPath:
         return None
-    entry = config._plans.get(key)
-    if entry is None:
+    plan = lookup(config._plans, tuple(key), ptrs, fw[4])
+    if plan is None:
         return None
-    plan, spans = entry
-    dev = plan.device  # the key holds the device
-    if current_device() != dev:
-        return None
-    in0, in1 = ptr(xs[0]), ptr(xs[-1])
+    n = len(xs)
     if outs is not None:
-        # an output touching any input's byte range, or the other output's:
-        # let the general path decide (it checks exactly, and raises)
-        prev = None
-        for o, (olo, ohi) in zip(outs, spans[1]):
-            po = ptr(o)
-            lo, hi = po + olo, po + ohi
-            for px, (xlo, xhi) in zip((in0, in1), spans[0]):
-                if lo < px + xhi and px + xlo < hi:
-                    return None
-            if prev is not None and lo < prev[1] and prev[0] < hi:
-                return None
-            prev = (lo, hi)
         res = tuple(outs)
+        out0, out1 = ptrs[n], ptrs[2 * n - 1]
+    elif inplace:
+        res = xs
+        out0, out1 = ptrs[0], ptrs[n - 1]
     else:
-        res = xs if inplace else tuple([alloc(x) for x in xs])
-    out0, out1 = ptr(res[0]), ptr(res[-1])
-    if (out0 | out1) % plan.align:
-        return None
-    plan.run(current_stream(dev), in0, in1, out0, out1,
-             0 if positions is None else ptr(positions),
-             0 if seq_offsets is None else ptr(seq_offsets), offset)
+        ptr, alloc = fw[1], fw[2]
+        res = tuple([alloc(x) for x in xs])
+        out0, out1 = ptr(res[0]), ptr(res[-1])
+        if (out0 | out1) % plan.align:
+            return None
+    plan.run(fw[3](plan.device), ptrs[0], ptrs[n - 1], out0, out1, ptrs[-2], ptrs[-1], offset)
     return tuple(res)
 
 
 # torch
 
 
-def _index_key(t):
-    if t is None:
-        return None
-    if type(t).__module__ != "torch" or not t.is_cuda:
-        raise NoFastPath
-    return (t.dtype, t.shape, t.stride(), t.device, t.data_ptr() % 16)  # cos/sin tables: aligned
+def torch_collector(min_device=0):
+    """``collect`` for torch tensors: a tensor of exactly torch.Tensor on a
+    CUDA device (get_device() >= min_device; -1 lets CPU tensors in, for
+    tests and host-only timing) adds (dtype, shape, strides, device, pointer
+    mod 16) to the key."""
+    import torch
+    tensor = torch.Tensor
 
-
-def _torch_key(xs, config, inverse, positions, seq_offsets, outs, inplace):
-    """Cache key for a call made only of torch CUDA tensors (else NoFastPath)."""
-    parts = [threading.get_ident(), inverse, inplace]
-    for x in xs:
-        if type(x).__module__ != "torch" or not x.is_cuda:
-            raise NoFastPath
-        parts.append((x.dtype, x.shape, x.stride(), x.device, x.data_ptr() % 16))
-    if inplace and len(xs) == 2:
-        parts.append(xs[1].data_ptr() - xs[0].data_ptr())
-    if outs is not None:
-        for o in outs:
-            if type(o).__module__ != "torch" or not o.is_cuda:
+    def collect(arrays, key, ptrs):
+        for t in arrays:
+            if t is None:
+                key.append(None)
+                ptrs.append(0)
+                continue
+            if type(t) is not tensor:
                 raise NoFastPath
-            parts.append((o.dtype, o.shape, o.stride(), o.device, o.data_ptr() % 16))
-    parts.append(_index_key(positions))
-    parts.append(_index_key(seq_offsets))
-    return tuple(parts)
+            dev = t.get_device()
+            if dev < min_device:
+                raise NoFastPath
+            p = t.data_ptr()
+            ptrs.append(p)
+            key += (t.dtype, t.shape, t.stride(), dev, p & 15)
+
+    return collect
 
 
 def _torch_adapter():
@@ -164,8 +264,10 @@ def _torch_adapter():
     if stream is None:
         def stream(device):
             return torch.cuda.current_stream(device).cuda_stream
-    # torch.empty_like: what the general path allocates (requires_grad=False)
-    return (_torch_key, torch.Tensor.data_ptr, torch.empty_like, stream,
+    # torch.empty_like: what the general path allocates (requires_grad=False).
+    # The current device is the runtime's (cudaGetDevice), which the driver
+    # launch runs on: torch's may be a lazily set target (NOTES 36).
+    return (torch_collector(), torch.Tensor.data_ptr, torch.empty_like, stream,
             cupy.cuda.runtime.getDevice)
 
 
@@ -180,27 +282,19 @@ def _cupy_adapter():
     ndarray, empty, get_stream = cupy.ndarray, cupy.empty, cupy.cuda.get_current_stream
 
     def part(a):
+        """(pointer, signature) of a CuPy array (NoFastPath for another type)."""
         if type(a) is not ndarray:
             raise NoFastPath
         data = a.data
-        return (a.dtype, a.shape, a.strides, data.device_id, data.ptr % 16)
+        p = data.ptr
+        return p, (a.dtype, a.shape, a.strides, data.device_id, p & 15)
 
-    def index_part(a):
-        return None if a is None else part(a)
-
-    def key(xs, config, inverse, positions, seq_offsets, outs, inplace):
-        """Cache key for a call made only of CuPy arrays (else NoFastPath)."""
-        parts = ["cupy", threading.get_ident(), inverse, inplace]
-        for x in xs:
-            parts.append(part(x))
-        if inplace and len(xs) == 2:
-            parts.append(xs[1].data.ptr - xs[0].data.ptr)
-        if outs is not None:
-            for o in outs:
-                parts.append(part(o))
-        parts.append(index_part(positions))
-        parts.append(index_part(seq_offsets))
-        return tuple(parts)
+    def collect(arrays, key, ptrs):
+        # a signature per array (nested: the torch collector's flat key is
+        # its hot path, this one's is not)
+        for p, sig in [(0, None) if a is None else part(a) for a in arrays]:
+            ptrs.append(p)
+            key.append(sig)
 
     def alloc(x):
         # C-contiguous on the current device (checked to be x's): as
@@ -210,4 +304,4 @@ def _cupy_adapter():
     def stream(device):
         return get_stream().ptr  # the current device's (checked to be ``device``)
 
-    return (key, operator.attrgetter("data.ptr"), alloc, stream, cupy.cuda.runtime.getDevice)
+    return (collect, operator.attrgetter("data.ptr"), alloc, stream, cupy.cuda.runtime.getDevice)

@@ -4,17 +4,19 @@ rows) and the two argument structs, packed per call.
 
 The kernel takes a ``RopeArgs`` (q as tensor 0, k as tensor 1, their
 outputs, positions, the angle source) and a ``KvArgs`` (v, the caches, the
-cache addressing, fp8 scales, a cos_sin_cache).
+cache addressing, fp8 scales, a cos_sin_cache). Both are packed into one
+buffer (launch.PackedLaunch), which the fast paths of ``cuprope.kvcache``
+and ``cuprope.cos_sin_cache`` keep and patch with each call's pointers.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from .args import ARGS_DTYPE, KV_ARGS_DTYPE, pack_args, pack_kv_args
-from .driver import Stream
-from .launch import MAX_STEPS, grid_for, sm_count
-from .loader import (KV_FAMILIES, ITEMSIZE, KV_ANGLE_TABLE_KERNEL, KV_ANGLES, MODULES, SRC_SHARED,
-                     kv_family_of, kv_kernel_name, lrpe_vec_widths)
+from .args import (ARGS, ARGS_DTYPE, ARGS_SLOTS, KV_ARGS_DTYPE, KV_ARGS_FIELDS, pack_args,
+                   pack_kv_args)
+from .launch import MAX_STEPS, PackedLaunch, grid_for, sm_count
+from .loader import (ITEMSIZE, KV_ANGLE_TABLE_KERNEL, KV_ANGLES, KV_FAMILIES, MODULES,
+                     SRC_SHARED, kv_family_of, kv_kernel_name, lrpe_vec_widths)
 
 
 def pick_kv_vec(dtype, arrays, npairs, tail) -> int:
@@ -40,13 +42,29 @@ def copy_packs(tail, vec, needed) -> int:
     return 2 if tail % (2 * vec) == 0 else 1
 
 
-def launch_kv(device, stream_ptr, *, dtype, interleaved, vec, src, fp8, rope, kv):
-    """Launch one ``kv_rope_kernel`` on ``device`` and stream ``stream_ptr``.
+def kv_slot(field) -> int:
+    """The int64 slot of a field in the launch buffer, RopeArgs then KvArgs
+    (a RopeArgs pair's second element as ``name1``, e.g. ``in_ptr1``)."""
+    if field in KV_SLOTS:
+        return ARGS.size // 8 + KV_SLOTS[field]
+    name, idx = (field[:-1], int(field[-1])) if field[-1].isdigit() else (field, 0)
+    return ARGS_SLOTS[name] + idx
+
+
+KV_SLOTS = {name: i for i, (name, _, _) in enumerate(KV_ARGS_FIELDS)}
+
+
+def plan_kv(device, *, dtype, interleaved, vec, src, fp8, rope, kv, patches=()):
+    """One ``kv_rope_kernel`` launch on ``device`` as a PackedLaunch (run it
+    with ``launch(stream)``, or ``run_patched(stream, ptrs)`` to fill the
+    pointer fields first).
 
     ``rope``: RopeArgs fields by name (heads, n_batch, n_seq, head_dim,
     rot_dim, copy_rest, ...; head_groups and heads_per_group are set here);
-    ``kv``: KvArgs fields by name. Allocates nothing on the device, so a
-    warmed-up call can be captured in a CUDA graph."""
+    ``kv``: KvArgs fields by name; ``patches``: (field, index, addend) per
+    pointer field ``run_patched`` fills (field as ``kv_slot`` names it).
+    Allocates nothing on the device, so a warmed-up call can be captured in a
+    CUDA graph."""
     npairs = rope["rot_dim"] // 2
     cw = rope.get("copy_rest", 0)
     chunks = npairs // vec + ((rope["head_dim"] - rope["rot_dim"]) // (vec * cw) if cw else 0)
@@ -57,14 +75,12 @@ def launch_kv(device, stream_ptr, *, dtype, interleaved, vec, src, fp8, rope, kv
     grid, block, groups, per_group, smem = grid_for(sm_count(device), ITEMSIZE[dtype], npairs,
                                                     chunks, htot, tokens, slice_, 0,
                                                     MAX_STEPS[SRC_SHARED])
-    ra = np.frombuffer(bytearray(pack_args(head_groups=groups, heads_per_group=per_group, **rope)),
-                       dtype=np.int64).view(ARGS_DTYPE)
-    ka = np.frombuffer(bytearray(pack_kv_args(**kv)), dtype=np.int64).view(KV_ARGS_DTYPE)
+    ra = pack_args(head_groups=groups, heads_per_group=per_group, **rope)
+    ka = pack_kv_args(**kv)
     name = kv_kernel_name(dtype, interleaved, vec, src, fp8)
-    import cupy
-    with cupy.cuda.Device(device):
-        fn = MODULES.functions(device, kv_family_of(src))[name]
-        fn(grid, block, (ra, ka), shared_mem=smem, stream=Stream(stream_ptr))
+    fn = MODULES.functions(device, kv_family_of(src))[name]
+    return PackedLaunch(device, fn, grid, block, smem, [(ra, ARGS_DTYPE), (ka, KV_ARGS_DTYPE)],
+                        [(kv_slot(f), i, add) for f, i, add in patches])
 
 
 KV_FAMILIES_ANGLES = KV_FAMILIES[0]  # the family holding the table's builder

@@ -200,28 +200,80 @@ _POS, _SEQ, _OFFSET = ARGS_SLOTS["pos_ptr"], ARGS_SLOTS["seq_off_ptr"], ARGS_SLO
 _AUX, _STATS = ARGS_SLOTS["aux_ptr"], ARGS_SLOTS["stats_ptr"]
 
 
-class LaunchPlan:
-    """Everything about a launch that does not change from call to call with
-    the same shapes, strides, dtypes and settings: the kernel, the grid and an
-    argument buffer whose pointer and offset fields ``run`` fills in.
+class PackedLaunch:
+    """A kernel, its grid and its packed argument structs in one buffer
+    (``words``: its int64 view, where per-call fields are written), launched
+    through CuPy the first time and through the CUDA driver after that
+    (driver.Bound; a driver error falls back to CuPy, which raises clearly).
 
-    A plan belongs to one thread (its buffer is reused across launches; the
+    ``structs``: (bytes, NumPy dtype) per kernel parameter, in order.
+    ``patches``: (slot, index, addend) per pointer field ``run_patched`` fills
+    from a list of pointers (words[slot] = ptrs[index] + addend).
+
+    A launch belongs to one thread (its buffer is reused across launches; the
     driver copies kernel arguments at launch)."""
 
-    __slots__ = ("device", "func", "grid", "block", "smem", "vec", "align", "buf", "_params",
-                 "_keepalive", "pre")
+    __slots__ = ("device", "func", "grid", "block", "smem", "words", "patches", "_views",
+                 "_addrs", "_raw", "bound")
+
+    def __init__(self, device, func, grid, block, smem, structs, patches=()):
+        import ctypes
+        self.device, self.func, self.grid, self.block, self.smem = device, func, grid, block, smem
+        raw = bytearray(b"".join(bytes(b) for b, _ in structs))  # each launch owns its buffer
+        self._raw = raw
+        self.words = memoryview(raw).cast("q")
+        base = ctypes.addressof((ctypes.c_char * len(raw)).from_buffer(raw))
+        views, addrs, off = [], [], 0
+        for b, dt in structs:
+            views.append(np.frombuffer(raw, dtype=np.uint8, count=len(b), offset=off).view(dt))
+            addrs.append(base + off)
+            off += len(b)
+        self._views, self._addrs = tuple(views), tuple(addrs)
+        self.patches = tuple(patches)
+        self.bound = None
+
+    def run_patched(self, stream_ptr, ptrs):
+        w = self.words
+        for slot, i, add in self.patches:
+            w[slot] = ptrs[i] + add
+        b = self.bound
+        if b is None or b.stream != stream_ptr or b.call(*b.args):
+            self.launch(stream_ptr)
+
+    def launch(self, stream_ptr):
+        """Through the driver once this has launched once through CuPy."""
+        b = self.bound
+        if b is None or not b.launch(stream_ptr):
+            self.bound = None
+            self.func(self.grid, self.block, self._views, shared_mem=self.smem,
+                      stream=Stream(stream_ptr))
+            func = self.func
+            ptr = getattr(func, "ptr", None)
+            if ptr is None:  # a cupy RawKernel: its Function for the current device
+                ptr = func.kernel.ptr
+            self.bound = DRIVER.bind(int(ptr), self.grid, self.block, self.smem, self._addrs,
+                                     self._raw)
+
+
+class LaunchPlan(PackedLaunch):
+    """Everything about a rope launch that does not change from call to call
+    with the same shapes, strides, dtypes and settings: the kernel, the grid
+    and the packed RopeArgs whose pointer and offset fields ``run`` fills in."""
+
+    __slots__ = ("vec", "align", "pre")
 
     def __init__(self, device, func, grid, block, smem, vec, align, args):
-        self.device, self.func, self.grid, self.block = device, func, grid, block
-        self.smem, self.vec, self.align = smem, vec, align
-        raw = bytearray(args)  # each plan owns its buffer
-        self.buf = np.frombuffer(raw, dtype=np.int64)
-        self._params = None
-        self._keepalive = raw
+        super().__init__(device, func, grid, block, smem, [(args, ARGS_DTYPE)])
+        self.vec, self.align = vec, align
         self.pre = None  # LRPE sequence softmax: the statistics pass launched first
 
+    @property
+    def buf(self):
+        """The packed RopeArgs as int64 words (a NumPy view of the buffer)."""
+        return np.frombuffer(self._raw, dtype=np.int64)
+
     def run(self, stream_ptr, in0, in1, out0, out1, pos_ptr, seq_ptr, offset):
-        b = self.buf
+        b = self.words
         b[_IN0] = in0
         b[_IN1] = in1
         b[_OUT0] = out0
@@ -229,27 +281,21 @@ class LaunchPlan:
         b[_POS] = pos_ptr
         b[_SEQ] = seq_ptr
         b[_OFFSET] = offset
-        self._launch(stream_ptr)
-
-    def _launch(self, stream_ptr):
-        """Through the driver once the plan has launched once through CuPy."""
-        if self._params is None or not DRIVER.launch(self, stream_ptr):
-            self._params = None
-            self.func(self.grid, self.block, (self.buf.view(ARGS_DTYPE),),
-                      shared_mem=self.smem, stream=Stream(stream_ptr))
-            self._params = DRIVER.params_for(self)
+        d = self.bound  # the driver call inline (PackedLaunch.launch does the rest)
+        if d is None or d.stream != stream_ptr or d.call(*d.args):
+            self.launch(stream_ptr)
 
     def run_lrpe(self, stream_ptr, in0, out0, aux, stats, offset):
         """LRPE launch (one tensor): the statistics pass first when planned."""
         if self.pre is not None:
             self.pre.run_lrpe(stream_ptr, in0, out0, aux, stats, offset)
-        b = self.buf
+        b = self.words
         b[_IN0] = b[_IN1] = in0
         b[_OUT0] = b[_OUT1] = out0
         b[_AUX] = aux
         b[_STATS] = stats
         b[_OFFSET] = offset
-        self._launch(stream_ptr)
+        self.launch(stream_ptr)
 
 
 class Launch:

@@ -1,0 +1,221 @@
+"""The fast paths' host machinery without a GPU (cuprope/_core/fastpath.py,
+launch.PackedLaunch, driver.LaunchConfig): signature keys of torch tensors
+(CPU tensors let in with min_device=-1), overlap windows and their variants,
+the lookup, and pointer patching of packed argument structs."""
+import ctypes
+import struct
+
+import numpy as np
+import pytest
+
+from cuprope._core import args, driver, fastpath, kvlaunch, launch
+
+torch = pytest.importorskip("torch")
+
+
+def collect(arrays, header=("h",), min_device=-1):
+    key, ptrs = list(header), []
+    fastpath.torch_collector(min_device)(arrays, key, ptrs)
+    return tuple(key), ptrs
+
+
+def test_key_holds_each_signature_and_none_for_absent_arrays():
+    q = torch.zeros(2, 1, 4, 8, dtype=torch.bfloat16)
+    pos = torch.arange(2, dtype=torch.int32)
+    key, ptrs = collect((q, None, pos))
+    assert ptrs == [q.data_ptr(), 0, pos.data_ptr()]
+    assert key == ("h", torch.bfloat16, q.shape, q.stride(), -1, q.data_ptr() & 15, None,
+                   torch.int32, pos.shape, pos.stride(), -1, pos.data_ptr() & 15)
+    hash(key)
+
+
+def test_key_changes_with_every_property_of_a_signature():
+    base = torch.zeros(4, 3, 16)
+    key0 = collect((base,))[0]
+    wide = torch.zeros(4, 3, 32)
+    variants = {
+        "shape": torch.zeros(4, 2, 16),
+        "dtype": torch.zeros(4, 3, 16, dtype=torch.float16),
+        "strides": wide[:, :, :16],                               # same shape, other strides
+        "non-contiguous view": base.transpose(0, 1).contiguous().transpose(0, 1),
+        "alignment": torch.zeros(4 * 3 * 16 + 1)[1:].view(4, 3, 16),
+    }
+    for what, t in variants.items():
+        assert collect((t,))[0] != key0, what
+    assert collect((base.view(4, 3, 16),))[0] == key0                # another view, same layout
+    int32 = collect((base, torch.zeros(4, dtype=torch.int32)))[0]
+    int64 = collect((base, torch.zeros(4, dtype=torch.int64)))[0]
+    assert int32 != int64
+    assert collect((base, None))[0] != collect((base, torch.zeros(())))[0]
+
+
+def test_collector_refuses_what_it_cannot_key():
+    t = torch.zeros(3, 8)
+    for bad in (np.zeros((3, 8), np.float32), torch.nn.Parameter(torch.zeros(3, 8)), [1, 2]):
+        with pytest.raises(fastpath.NoFastPath):
+            collect((t, bad))
+    with pytest.raises(fastpath.NoFastPath):
+        collect((t,), min_device=0)               # a host tensor where a GPU is needed
+    assert fastpath.ticket(None, ("h",), (t,)) is None
+    assert fastpath.ticket((fastpath.torch_collector(0),), ("h",), (t,)) is None
+
+
+class Payload:
+    def __init__(self, device=0):
+        self.device, self.runs = device, []
+
+    def run_patched(self, stream, ptrs):
+        self.runs.append((stream, list(ptrs)))
+
+
+def _fw(device=0):
+    return (fastpath.torch_collector(-1), torch.Tensor.data_ptr, torch.empty_like,
+            lambda dev: 1000 + dev, lambda: device)
+
+
+def test_guard_windows_keep_overlapping_pointers_to_the_variant_validated():
+    """Arrays 0 and 1 of one buffer: adjacent (no overlap) is the plain
+    variant; an overlap only hits a launch registered with that exact
+    difference."""
+    buf = torch.zeros(64)
+    a, b = buf[:32], buf[32:]
+    fw = _fw()
+    plans = {}
+    tkt = fastpath.ticket(fw, ("t",), (a, b), ((0, 1),))
+    spans = [(0, 128), (0, 128)]
+    clean = Payload()
+    fastpath.remember(plans, tkt, spans, clean)
+    entry = plans[tkt[0]]
+    assert entry.guards == ((0, 1, -128, 128),)
+    assert list(entry.variants) == [(None,)]       # 128 bytes apart: outside the window
+    # other buffers, same layout and difference: the same launch
+    buf2 = torch.zeros(64)
+    assert fastpath.fast_call(plans, fw, ("t",), (buf2[:32], buf2[32:]))
+    assert clean.runs[-1] == (1000, [buf2.data_ptr(), buf2.data_ptr() + 128])
+    # far apart: still outside the window
+    assert fastpath.fast_call(plans, fw, ("t",), (torch.zeros(32), torch.zeros(32)))
+    # overlapping by 16 elements: not validated, so the general path runs
+    big = torch.zeros(48)
+    assert not fastpath.fast_call(plans, fw, ("t",), (big[:32], big[16:]))
+    over = Payload()
+    fastpath.remember(plans, fastpath.ticket(fw, ("t",), (big[:32], big[16:]), ((0, 1),)), spans,
+                      over)
+    assert (64,) in entry.variants
+    big2 = torch.zeros(48)
+    assert fastpath.fast_call(plans, fw, ("t",), (big2[:32], big2[16:]))
+    assert over.runs and len(clean.runs) == 2
+    # the same view twice (difference 0) is yet another variant
+    assert not fastpath.fast_call(plans, fw, ("t",), (big2[:32], big2[:32]))
+
+
+def test_lookup_misses_on_another_key_or_another_current_device():
+    fw = _fw(device=0)
+    x = torch.zeros(8)
+    plans = {}
+    p = Payload(device=0)
+    fastpath.remember(plans, fastpath.ticket(fw, ("t", 1), (x,)), [None], p)
+    assert fastpath.fast_call(plans, fw, ("t", 1), (torch.zeros(8),))
+    assert not fastpath.fast_call(plans, fw, ("t", 2), (torch.zeros(8),))    # settings
+    assert not fastpath.fast_call(plans, fw, ("t", 1), (torch.zeros(9),))    # shape
+    assert not fastpath.fast_call(plans, fw, ("t", 1), (None,))
+    assert not fastpath.fast_call(plans, _fw(device=1), ("t", 1), (torch.zeros(8),))
+    assert not fastpath.fast_call(plans, None, ("t", 1), (torch.zeros(8),))
+    assert not fastpath.fast_call({}, fw, ("t", 1), (torch.zeros(8),))
+    assert len(p.runs) == 1
+
+
+def test_core_ticket_pairs_follow_outputs_and_in_place():
+    fw = _fw()
+    q, k = torch.zeros(1, 1, 4, 8), torch.zeros(1, 1, 2, 8)
+    oq, ok = torch.zeros_like(q), torch.zeros_like(k)
+    key, ptrs, pairs = fastpath._rope_ticket(fw, (q, k), False, None, None, None, True)
+    assert pairs == ((0, 1),) and ptrs[-2:] == [0, 0]
+    _, _, pairs = fastpath._rope_ticket(fw, (q, k), False, None, None, None, False)
+    assert pairs == ()
+    key2, ptrs, pairs = fastpath._rope_ticket(fw, (q, k), False, None, None, (oq, ok), False)
+    assert pairs == ((0, 2), (0, 3), (1, 2), (1, 3), (2, 3))
+    assert ptrs[2:4] == [oq.data_ptr(), ok.data_ptr()] and key2 != key
+
+
+class FakeFunc:
+    """A kernel stand-in: records the bytes of each argument at launch."""
+    ptr = 0
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, grid, block, params, shared_mem, stream):
+        self.calls.append((grid, block, [bytes(p.tobytes()) for p in params], shared_mem,
+                           stream.ptr))
+
+
+def test_packed_launch_patches_pointers_into_both_structs(monkeypatch):
+    """run_patched writes ptrs[i] + addend into RopeArgs and KvArgs slots and
+    leaves every other field as packed."""
+    monkeypatch.setattr(driver.DRIVER, "_ok", False)   # no driver: every launch through func
+    ra = args.pack_args(heads=(32, 8), head_dim=128, scale=0.5)
+    ka = args.pack_kv_args(page_size=16, num_pages=7)
+    patches = [("in_ptr0", 0, 0), ("in_ptr1", 1, 0), ("pos_ptr", 2, 0), ("k_cache", 3, 0),
+               ("v_cache", 3, 4096), ("k_scale", 4, 0)]
+    fn = FakeFunc()
+    pl = launch.PackedLaunch(0, fn, (3, 1, 1), (128, 1, 1), 512,
+                             [(ra, args.ARGS_DTYPE), (ka, args.KV_ARGS_DTYPE)],
+                             [(kvlaunch.kv_slot(f), i, a) for f, i, a in patches])
+    for call, ptrs in enumerate(([11, 22, 33, 44000, 55], [1, 2, 3, 4, 0])):
+        pl.run_patched(77 + call, ptrs)
+        grid, block, (rb, kb), smem, stream = fn.calls[-1]
+        assert (grid, block, smem, stream) == ((3, 1, 1), (128, 1, 1), 512, 77 + call)
+        r = dict(zip([f"{n}{i}" for n, c, _ in args.ARGS_FIELDS for i in range(c)],
+                     struct.unpack(args.ARGS.format, rb)))
+        k = dict(zip([n for n, _, _ in args.KV_ARGS_FIELDS], struct.unpack(args.KV_ARGS.format,
+                                                                            kb)))
+        assert (r["in_ptr0"], r["in_ptr1"], r["pos_ptr0"]) == tuple(ptrs[:3])
+        assert (k["k_cache"], k["v_cache"], k["k_scale"]) == (ptrs[3], ptrs[3] + 4096, ptrs[4])
+        assert (r["heads0"], r["heads1"], r["head_dim0"], r["scale0"]) == (32, 8, 128, 0.5)
+        assert (k["page_size"], k["num_pages"], r["out_ptr0"], k["slot_ptr"]) == (16, 7, 0, 0)
+    assert len(fn.calls) == 2 and pl.bound is None
+
+
+def test_kv_slot_names_both_structs():
+    kv0 = args.ARGS.size // 8
+    assert kvlaunch.kv_slot("in_ptr1") == args.ARGS_SLOTS["in_ptr"] + 1
+    assert kvlaunch.kv_slot("pos_ptr") == args.ARGS_SLOTS["pos_ptr"]
+    assert kvlaunch.kv_slot("v_ptr") == kv0
+    assert kvlaunch.kv_slot("write_rest") == kv0 + len(args.KV_ARGS_FIELDS) - 1
+
+
+def test_launch_plan_run_writes_its_per_call_fields():
+    plan = launch.LaunchPlan(0, FakeFunc(), (1, 1, 1), (32, 1, 1), 0, 8, 16,
+                             args.pack_args(rot_dim=64))
+    plan.run(5, 1, 2, 3, 4, 6, 7, -9)
+    w = plan.buf
+    assert list(w[[launch._IN0, launch._IN1, launch._OUT0, launch._OUT1, launch._POS,
+                   launch._SEQ, launch._OFFSET]]) == [1, 2, 3, 4, 6, 7, -9]
+    assert w[args.ARGS_SLOTS["rot_dim"]] == 64
+
+
+def test_launch_config_is_cudas_layout():
+    """CUlaunchConfig: gridDimX..Z, blockDimX..Z, sharedMemBytes (uint32),
+    hStream at 32, attrs at 40, numAttrs at 48; 56 bytes."""
+    lc = driver.LaunchConfig
+    assert ctypes.sizeof(lc) == 56
+    assert (lc.grid.offset, lc.block.offset, lc.smem.offset) == (0, 12, 24)
+    assert (lc.stream.offset, lc.attrs.offset, lc.n_attrs.offset) == (32, 40, 48)
+
+
+def test_bound_launch_patches_the_stream_only_when_it_changes():
+    """A Bound call with a recording stand-in for the driver entry point."""
+    seen = []
+
+    def call(cfg_ref, func, params, extra):
+        cfg = ctypes.cast(ctypes.addressof(cfg_ref._obj), ctypes.POINTER(driver.LaunchConfig))[0]
+        seen.append((cfg.stream, func.value, params.value, extra, list(cfg.grid), cfg.smem))
+        return 0
+
+    cfg = driver.LaunchConfig((ctypes.c_uint * 3)(4, 2, 1), (ctypes.c_uint * 3)(64, 1, 1), 96,
+                              None, None, 0)
+    b = driver.Bound(call, (ctypes.byref(cfg), ctypes.c_void_p(1234), ctypes.c_void_p(5678),
+                            None), cfg, -1, None)
+    assert b.launch(0) and b.launch(99) and b.launch(99)
+    assert [s[0] for s in seen] == [None, 99, 99]
+    assert seen[0][1:] == (1234, 5678, None, [4, 2, 1], 96)
