@@ -3,8 +3,8 @@ the same loop and process (issue 16: every torch row ≤ 1.3× ``mul_``).
 
 Rows (B 8 tokens, Hq 32, Hk 8, D 128, bf16; per-token positions):
   * torch ``mul_`` on q (one eager op; the reference);
-  * ``cuprope.rope_qk_forward`` in place with positions (int32 [B] and
-    int64 [B, 1]), and with new outputs;
+  * ``cuprope.rope_qk_forward`` in place with positions (int32 and int64
+    [B, 1]), and with new outputs;
   * ``cuprope.torch.rotary_embedding`` (query/key slices of one qkv tensor,
     fp32 cos_sin_cache);
   * the fused KV-cache append ``cuprope.kvcache.rope_append_kv``: bf16 and
@@ -82,6 +82,7 @@ def decode_rows(b=8, hq=32, hk=8, d=128, pages=64, ps=16):
              "batch_indices": torch.arange(b, device=dev, dtype=torch.int32),
              "cache_positions": torch.randint(0, ps, (b,), device=dev, dtype=torch.int32)}
     stream = torch.cuda.current_stream()
+    pos32c = pos32.view(-1, 1)  # the core's [B, S] positions of q [B, 1, H, D]
 
     def append(cache, addr, extra=None):
         kw = {**caches[cache], **addr, **(extra or {})}
@@ -89,12 +90,12 @@ def decode_rows(b=8, hq=32, hk=8, d=128, pages=64, ps=16):
 
     return [
         ("torch mul_ (one eager op)", lambda: q.mul_(1.0)),
-        ("rope_qk_forward in place, positions int32 [B]",
-         lambda: cuprope.rope_qk_forward(q, k, cfg, positions=pos32, inplace=True)),
+        ("rope_qk_forward in place, positions int32 [B,1]",
+         lambda: cuprope.rope_qk_forward(q, k, cfg, positions=pos32c, inplace=True)),
         ("rope_qk_forward in place, positions int64 [B,1]",
          lambda: cuprope.rope_qk_forward(q, k, cfg, positions=pos64, inplace=True)),
         ("rope_qk_forward, new outputs",
-         lambda: cuprope.rope_qk_forward(q, k, cfg, positions=pos32)),
+         lambda: cuprope.rope_qk_forward(q, k, cfg, positions=pos32c)),
         ("cuprope.torch.rotary_embedding (qkv slices)",
          lambda: ctorch.rotary_embedding(pos32, query, key, d, cos_sin, True)),
         ("kv append bf16, flat slots", append("bf16", slots)),
@@ -102,7 +103,7 @@ def decode_rows(b=8, hq=32, hk=8, d=128, pages=64, ps=16):
         ("kv append fp8 (device scales), flat slots", append("fp8", slots, scales)),
         ("kv append fp8 (device scales), paged", append("fp8", paged, scales)),
         ("rope_qk_forward general path (stream=)",
-         lambda: cuprope.rope_qk_forward(q, k, cfg, positions=pos32, inplace=True,
+         lambda: cuprope.rope_qk_forward(q, k, cfg, positions=pos32c, inplace=True,
                                          stream=stream)),
     ]
 
@@ -112,7 +113,7 @@ def cupy_rows(b=8, hq=32, hk=8, d=128):
     cfg = cuprope.RopeConfig(d)
     cq = cupy.random.standard_normal((b, 1, hq, d), dtype=cupy.float32)
     ck = cupy.random.standard_normal((b, 1, hk, d), dtype=cupy.float32)
-    cpos = cupy.arange(b, dtype=cupy.int32)
+    cpos = cupy.arange(b, dtype=cupy.int32).reshape(b, 1)
     return [("cupy rope_qk_forward in place (fp32)",
              lambda: cuprope.rope_qk_forward(cq, ck, cfg, positions=cpos, inplace=True))]
 

@@ -279,7 +279,7 @@ class _Call:
         backward with weights, the weight gradients' reduction."""
         ins = self.ginfos if backward else self.infos
         stream_ptr = engine.stream_handle(stream, self.infos[0])
-        _, _, out_infos = engine.outputs(ins, out_infos)
+        _, out_infos = engine.outputs(ins, out_infos)
         sms = sm_count(self.device)
         npairs = self.config.rotary_dim // 2
         wlen = [0 if w is None else w.shape[0] for w in self.winfos]
