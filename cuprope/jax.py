@@ -46,7 +46,7 @@ from ._core.jax_common import (NOT_MAPPED, batch_size_and_front, host_lowering, 
                                 static_offset, zero_cotangent)
 from .config import RopeConfig, config_by_key
 
-__all__ = ["rope", "rope_qk", "rope_table", "rope_qk_table", "rotate_1d"]
+__all__ = ["rope", "rope_qk", "rope_table", "rope_qk_table", "rotate_1d", "rope_qk_norm"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -239,3 +239,6 @@ def rotate_1d(x, theta, *, offset: int = 0, act: str = "none", dim=None):
                 theta=(theta2.shape[0], theta2.tobytes()), act=act,
                 dim=None if dim is None else int(dim))
     return _apply(call, (x,), ())[0]
+
+
+from .jax_qknorm import rope_qk_norm  # noqa: E402  (the fused QK-norm + RoPE, its own module)

@@ -156,7 +156,7 @@ class QkNormCall:
         if gq is not None:
             self.ginfos = [gq, gk]
             for g, x, n in zip(self.ginfos, self.infos, ("grad_q", "grad_k")):
-                validate.check_out(g, x, n)
+                validate.check_like(g, x, n)
         self.winfos = [self._weight(w, n, x) for w, n, x in
                        ((q_weight, "q_weight", self.infos[0]), (k_weight, "k_weight",
                                                                 self.infos[1]))]
