@@ -36,16 +36,17 @@ import dataclasses
 import functools
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from jax.extend.core import Primitive
 from jax.interpreters import batching, mlir
 
 from . import api, lrpe, tables
-from ._core import jax_sharding, validate, xla
+from ._core import jax_sharding, xla
+from ._core.jax_common import (NOT_MAPPED, batch_size_and_front, host_lowering, map_each,
+                                static_offset, zero_cotangent)
 from .config import RopeConfig, config_by_key
 
-__all__ = ["rope", "rope_qk", "rope_table", "rope_qk_table", "rotate_1d"]
+__all__ = ["rope", "rope_qk", "rope_table", "rope_qk_table", "rotate_1d", "rope_qk_norm"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,28 +113,18 @@ def _host_call(call: Call, *args):
     return tuple(np.asarray(r) for r in (res if isinstance(res, tuple) else (res,)))
 
 
-def _lower_cpu(ctx, *args, call):
-    shapes = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in ctx.avals_out]
-
-    def run(*a):
-        return jax.pure_callback(functools.partial(_host_call, call), shapes, *a)
-    return mlir.lower_fun(run, multiple_results=True)(ctx, *args)
-
-
-mlir.register_lowering(rope_p, _lower_cpu, platform="cpu")
+mlir.register_lowering(rope_p, host_lowering(_host_call), platform="cpu")
 mlir.register_lowering(rope_p, xla.lower_cuda, platform="cuda")
 
 
 # ---------------------------------------------------------------- vmap
-
-_NOT_MAPPED = getattr(batching, "not_mapped", None)  # an unbatched operand's dim
 
 def _foldable(call, args, dims):
     """True when a batch axis of the rotated tensors can join their batch dim:
     every rotated tensor (and LRPE's x) batched, nothing else, and nothing
     that is laid out per batch (positions ``[B, S]``, seq_offsets, per-batch
     tables)."""
-    mapped = [d is not _NOT_MAPPED for d in dims]
+    mapped = [d is not NOT_MAPPED for d in dims]
     n = call.n + (1 if call.has_x else 0)
     if not all(mapped[:n]) or any(mapped[n:]) or call.layout == "thd":
         return False
@@ -148,33 +139,19 @@ def _foldable(call, args, dims):
 
 
 def _batch(args, dims, *, call):
-    size = next(a.shape[d] for a, d in zip(args, dims) if d is not _NOT_MAPPED)
-    args = [a if d is _NOT_MAPPED else jnp.moveaxis(a, d, 0) for a, d in zip(args, dims)]
+    size, args = batch_size_and_front(args, dims)
     if _foldable(call, args, dims):
         n = call.n + (1 if call.has_x else 0)
         folded = [a.reshape((-1,) + a.shape[2:]) for a in args[:n]] + list(args[n:])
         out = rope_p.bind(*folded, call=call)
         return [o.reshape((size, -1) + o.shape[1:]) for o in out], [0] * call.n
-    mapped = [i for i, d in enumerate(dims) if d is not _NOT_MAPPED]
-
-    def one(elems):
-        full = list(args)
-        for i, e in zip(mapped, elems):
-            full[i] = e
-        return tuple(rope_p.bind(*full, call=call))
-    return list(jax.lax.map(one, tuple(args[i] for i in mapped))), [0] * call.n
+    return map_each(functools.partial(rope_p.bind, call=call), args, dims), [0] * call.n
 
 
 batching.primitive_batchers[rope_p] = _batch
 
 
 # ---------------------------------------------------------------- autodiff
-
-def _zero_cotangent(a):
-    if jnp.issubdtype(a.dtype, jnp.integer):
-        return np.zeros(a.shape, dtype=jax.dtypes.float0)
-    return jnp.zeros_like(a)
-
 
 def _bind(call, xs, extras):
     operands = tuple(xs) + tuple(extras)
@@ -201,7 +178,7 @@ def _apply_bwd(call, res, grads):
     back = call.backward()
     more = (saved,) if back.has_x else ()
     dxs = _bind(back, tuple(grads), tuple(extras) + more)
-    return dxs, tuple(_zero_cotangent(e) for e in extras)
+    return dxs, tuple(zero_cotangent(e) for e in extras)
 
 
 _apply.defvjp(_apply_fwd, _apply_bwd)
@@ -209,17 +186,10 @@ _apply.defvjp(_apply_fwd, _apply_bwd)
 
 # ---------------------------------------------------------------- public
 
-def _offset(offset):
-    if isinstance(offset, (bool, np.bool_)) or not isinstance(offset, (int, np.integer)):
-        raise TypeError("offset must be a Python int under jax (static); pass positions= for "
-                        "positions that change from call to call")
-    return validate.as_offset(offset)
-
-
 def _rope_call(config, xs, positions, offset, seq_offsets):
     if not isinstance(config, RopeConfig):
         raise TypeError(f"config must be a cuprope.RopeConfig, got {type(config).__name__}")
-    call = Call("rope", len(xs), layout=config.layout, key=config.key, offset=_offset(offset),
+    call = Call("rope", len(xs), layout=config.layout, key=config.key, offset=static_offset(offset),
                 has_pos=positions is not None, has_seq=seq_offsets is not None)
     extras = tuple(e for e in (positions, seq_offsets) if e is not None)
     return _apply(call, tuple(xs), extras)
@@ -265,7 +235,10 @@ def rotate_1d(x, theta, *, offset: int = 0, act: str = "none", dim=None):
     if dim not in (None, -1, 1):
         raise ValueError(f"dim must be None, -1 (the head dim) or 1 (the sequence dim), "
                          f"got {dim!r}")
-    call = Call("lrpe", 1, layout="bshd" if x.ndim == 4 else "bsd", offset=_offset(offset),
+    call = Call("lrpe", 1, layout="bshd" if x.ndim == 4 else "bsd", offset=static_offset(offset),
                 theta=(theta2.shape[0], theta2.tobytes()), act=act,
                 dim=None if dim is None else int(dim))
     return _apply(call, (x,), ())[0]
+
+
+from .jax_qknorm import rope_qk_norm  # noqa: E402  (the fused QK-norm + RoPE, its own module)

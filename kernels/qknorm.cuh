@@ -41,7 +41,7 @@ namespace cuprope {
 
 // The launch argument: RopeArgs (tensors, positions, angles; in_ptr is x in
 // the forward and dy in the backward) and the norm's fields. Every field is 8
-// bytes; the host mirrors it in cuprope/qknorm.py (ARGS_EXTRA_FIELDS).
+// bytes; the host mirrors it in cuprope/_core/qknorm_launch.py (ARGS_EXTRA_FIELDS).
 struct QkNormArgs {
   RopeArgs r;
   long long x_ptr[2];                 // backward: the saved inputs q, k
@@ -363,9 +363,10 @@ __device__ __forceinline__ void unit_backward_model(const QkNormArgs& a, const Q
   }
 }
 
-// The kernel: warp w takes tokens w, w + W, ... (W warps in the grid).
+// The general kernel's body (qknorm_kernel, and its flat entry in
+// kernels/qknorm_flat.cuh): warp w takes tokens w, w + W, ... (W warps in the grid).
 template <typename T, bool INTERLEAVED, bool BWD>
-__global__ void __launch_bounds__(256) qknorm_kernel(const QkNormArgs a) {
+__device__ __forceinline__ void qknorm_body(const QkNormArgs& a) {
   extern __shared__ float2 qk_cs[];
   const int lane = threadIdx.x & 31;
   const int npairs = static_cast<int>(a.r.rot_dim >> 1);
@@ -411,6 +412,11 @@ __global__ void __launch_bounds__(256) qknorm_kernel(const QkNormArgs a) {
       }
     }
   }
+}
+
+template <typename T, bool INTERLEAVED, bool BWD>
+__global__ void __launch_bounds__(256) qknorm_kernel(const QkNormArgs a) {
+  qknorm_body<T, INTERLEAVED, BWD>(a);
 }
 
 // ---------------------------------------------------------------- head rows
@@ -513,8 +519,9 @@ struct RowPacks {
   Pack<T, VEC> x[2], g[2];  // x (the saved input, backward); g: dy (backward)
 };
 
+// The fast path's body (qknorm_rows_kernel and its flat entry).
 template <typename T, bool INTERLEAVED, int VEC, bool BWD>
-__global__ void __launch_bounds__(256, BWD ? 2 : 3) qknorm_rows_kernel(const QkNormArgs a) {
+__device__ __forceinline__ void qknorm_rows_body(const QkNormArgs& a) {
   // [warps][npairs] cos/sin, then w' of q and k [2][D]; BWD: then [warps * rpw][part_cols]
   extern __shared__ float2 qk_cs[];
   const int lane = threadIdx.x & 31, wib = threadIdx.x >> 5;
@@ -540,8 +547,8 @@ __global__ void __launch_bounds__(256, BWD ? 2 : 3) qknorm_rows_kernel(const QkN
   [[maybe_unused]] float* rows = wsm + 2 * d;
   [[maybe_unused]] float* my_row = rows + (wib * rpw + sub) * (a.part_cols + kDwPad);
   if (BWD) {
-    for (long long i = threadIdx.x; i < (blockDim.x >> 5) * rpw * (a.part_cols + kDwPad); i += blockDim.x)
-      rows[i] = 0.f;
+    const long long n_rows = (blockDim.x >> 5) * rpw * (a.part_cols + kDwPad);
+    for (long long i = threadIdx.x; i < n_rows; i += blockDim.x) rows[i] = 0.f;
   }
   // The lane's row of unit (token (b, s), step): head h (of q, then k),
   // tensor t, its head hh there, whether the lane works on it, its offsets.
@@ -721,26 +728,43 @@ __global__ void __launch_bounds__(256, BWD ? 2 : 3) qknorm_rows_kernel(const QkN
   if constexpr (BWD) block_dw_row(a, rows, (blockDim.x >> 5) * rpw);
 }
 
+// Blocks of 256 threads that must fit an SM at once (also the flat entry's bound).
+template <bool BWD>
+__host__ __device__ constexpr int qknorm_rows_min_blocks() {
+  return BWD ? 2 : 3;
+}
+
+template <typename T, bool INTERLEAVED, int VEC, bool BWD>
+__global__ void __launch_bounds__(256, qknorm_rows_min_blocks<BWD>())
+    qknorm_rows_kernel(const QkNormArgs a) {
+  qknorm_rows_body<T, INTERLEAVED, VEC, BWD>(a);
+}
+
 // The weight gradients from the partial rows: column c of out is the sum of
 // part[0..rows)[col0 + c] in a fixed order (8 slices of rows, each summed in
 // order, then the slices in order), stored in out_dtype (0 f32, 1 f16, 2 bf16).
+// Blocks of 256 threads in one dimension (warp y of the block sums slice y of
+// columns blockIdx.x * 32 + lane), so that a launcher with 1-D blocks (jaxlib's
+// GPU kernel call) launches it as it is; part_ptr is its one input and out_ptr
+// its one output, in that order.
 __global__ void __launch_bounds__(256) qknorm_dw_kernel(long long part_ptr, long long rows,
                                                          long long stride, long long col0,
                                                          long long cols, long long out_ptr,
                                                          long long out_dtype) {
   __shared__ float acc[8][32];
-  const long long c = static_cast<long long>(blockIdx.x) * 32 + threadIdx.x;
+  const int lane = threadIdx.x & 31, slice = threadIdx.x >> 5;
+  const long long c = static_cast<long long>(blockIdx.x) * 32 + lane;
   const float* part = reinterpret_cast<const float*>(part_ptr);
   float v = 0.f;
   if (c < cols) {
-    for (long long row = threadIdx.y; row < rows; row += 8) v += part[row * stride + col0 + c];
+    for (long long row = slice; row < rows; row += 8) v += part[row * stride + col0 + c];
   }
-  acc[threadIdx.y][threadIdx.x] = v;
+  acc[slice][lane] = v;
   __syncthreads();
-  if (threadIdx.y != 0 || c >= cols) return;
+  if (slice != 0 || c >= cols) return;
   float sum = 0.f;
 #pragma unroll
-  for (int k = 0; k < 8; ++k) sum += acc[k][threadIdx.x];
+  for (int k = 0; k < 8; ++k) sum += acc[k][lane];
   if (out_dtype == 1) {
     reinterpret_cast<__half*>(out_ptr)[c] = from_f32<__half>(sum);
   } else if (out_dtype == 2) {

@@ -1,7 +1,9 @@
 // Translation unit compiled by cuprope/_core/loader.py (CuPy RawModule with
 // name_expressions, one per instantiation of cuprope::rope_kernel and
 // cuprope::lrpe_seq_stats_kernel) and by cuprope/_core/ptx.py (PTX of one
-// cuprope::rope_flat_kernel instantiation at a time, for cuprope.jax).
+// cuprope::rope_flat_kernel or qknorm_flat_kernel instantiation at a time, for
+// cuprope.jax).
 #include "rope.cuh"
 #include "flat.cuh"
 #include "qknorm.cuh"
+#include "qknorm_flat.cuh"

@@ -152,3 +152,152 @@ def test_runs_with_command_buffers(flags):
                          text=True, timeout=240)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "same True" in out.stdout, out.stdout + out.stderr[-2000:]
+
+
+# ---------------------------------------------------------------- QK-norm + RoPE
+from cuprope import qknorm, reference  # noqa: E402
+from cuprope import qknorm_reference as qref  # noqa: E402
+from cuprope._core.layout import from_canon, to_canon  # noqa: E402
+
+QK_CASES = {  # config, q shape, k shape, settings; "fast": the rows kernel runs (16-byte packs)
+    "qwen3-fast": (cuprope.RopeConfig(128, base=1e6), (2, 33, 8, 128), (2, 33, 2, 128),
+                   dict(weights="x", positions="bs"), True),
+    "gemma-partial-interleaved-general": (
+        cuprope.RopeConfig(32, interleaved=True, layout="bhsd"), (2, 4, 17, 48), (2, 1, 17, 48),
+        dict(weights="float32", weight_offset=1.0, offset=7), False),
+    "olmo2-token": (cuprope.RopeConfig(64, base=5e5), (1, 20, 4, 64), (1, 20, 4, 64),
+                    dict(weights="float32", norm_over="token", eps=1e-5), False),
+    "llama4-l2-thd": (cuprope.RopeConfig(64, layout="thd"), (40, 4, 64), (40, 2, 64),
+                      dict(norm="l2", order="rope_then_norm", positions="s"), True),
+    "mrope-q-weight-only": (scaling.mrope_config([8, 12, 12], base=1e6), (2, 9, 4, 64),
+                            (2, 9, 2, 64), dict(weights="q", positions="3s"), True),
+}
+
+
+def _qk_case(case, dtype, rng):
+    """(cfg, q, k, traced keyword arrays, static keywords)."""
+    cfg, qs, ks, kw, _ = QK_CASES[case]
+    kw = dict(kw)
+    q, k = _rand(rng, qs, dtype), _rand(rng, ks, dtype)
+    arrays = {}
+    w = kw.pop("weights", None)
+    if w is not None:
+        over = kw.get("norm_over", "head")
+        nq, nk = (qs[-1], ks[-1]) if over == "head" else (qs[2] * qs[3], ks[2] * ks[3])
+        wdt = dtype if w in ("x", "q") else w
+        arrays["q_weight"] = jnp.asarray(rng.uniform(0.5, 1.5, nq), wdt)
+        if w != "q":
+            arrays["k_weight"] = jnp.asarray(rng.uniform(0.5, 1.5, nk), wdt)
+    b, s = (1, qs[0]) if cfg.layout == "thd" else ((qs[0], qs[2]) if cfg.layout == "bhsd"
+                                                   else qs[:2])
+    p = kw.pop("positions", None)
+    if p is not None:
+        arrays["positions"] = _positions(p, b, s, rng)
+    return cfg, q, k, arrays, kw, (b, s)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", list(QK_CASES))
+def test_qk_norm_jit_and_vjp_equal_the_eager_calls(case, dtype, rng):
+    """The native kernel call under jit (forward, and the vjp under jit) gives
+    the eager cuprope.qknorm calls' bits on the same GPU (the same kernel,
+    grid and words), the weight gradients included; dx and dw against the
+    float64 reference (tests/test_gpu_qknorm.py's bounds)."""
+    cfg, q, k, arrays, static, (b, s) = _qk_case(case, dtype, rng)
+
+    def fn(q, k, a):
+        return cjax.rope_qk_norm(q, k, cfg, **a, **static)
+    got = jax.jit(fn)(q, k, arrays)
+    want = qknorm.rope_qk_norm_forward(q, k, cfg, **arrays, **static)
+    for g, w in zip(got, want):
+        _same(g, w)
+    gq, gk = _rand(rng, q.shape, dtype), _rand(rng, k.shape, dtype)
+    _, vjp = jax.vjp(fn, q, k, arrays)
+    dq, dk, da = jax.jit(vjp)((gq, gk))
+    eq, ek, ewq, ewk = qknorm.rope_qk_norm_backward(q, k, gq, gk, cfg, **arrays, **static)
+    _same(dq, eq)
+    _same(dk, ek)
+    for n, e in (("q_weight", ewq), ("k_weight", ewk)):
+        assert (n in arrays) == (e is not None)
+        if e is not None:
+            _same(da[n], e)
+    again = jax.jit(vjp)((gq, gk))  # determinism
+    _same(again[0], dq)
+    if "q_weight" in arrays:
+        _same(again[2]["q_weight"], da["q_weight"])
+    pos = reference.token_positions(b, s, offset=static.get("offset", 0), n_streams=cfg.n_streams,
+                                    positions=None if "positions" not in arrays
+                                    else np.asarray(arrays["positions"]))
+    ang = reference.pair_angles(pos, cfg.inv_freq, cfg.stream_map)
+    rk = dict(rotary_dim=cfg.rotary_dim, interleaved=cfg.interleaved, scale=cfg.scale,
+              eps=static.get("eps", 1e-6), over=static.get("norm_over", "head"),
+              order=static.get("order", "norm_then_rope"),
+              weight_offset=static.get("weight_offset", 0.0))
+    for x, g, y, dx, n in ((q, gq, got[0], dq, "q_weight"), (k, gk, got[1], dk, "k_weight")):
+        w = None if n not in arrays else np.asarray(arrays[n], np.float64)
+        xc = to_canon(np.asarray(x, np.float64), cfg.layout)
+        ref = qref.forward(xc, ang, weight=w, **rk)
+        assert_matches(to_canon(np.asarray(y, np.float64), cfg.layout), ref,
+                       2 * np.abs(ref).max(), dtype)
+        dref, dwref = qref.backward(xc, to_canon(np.asarray(g, np.float64), cfg.layout), ang,
+                                    weight=w, **rk)
+        assert_matches(to_canon(np.asarray(dx, np.float64), cfg.layout), dref,
+                       4 * np.abs(dref).max(), dtype)
+        if w is not None and arrays[n].dtype == jnp.float32:
+            # fp32 partial sums: 1e-5 of the terms' magnitudes summed (count x the largest
+            # |g·n̂|; |Rᵀg| ≤ 2·scale·max|g|)
+            axes = (-1,) if rk["over"] == "head" else (-2, -1)
+            nhat = xc / np.sqrt(np.mean(xc * xc, axis=axes, keepdims=True) + rk["eps"])
+            count = b * s * (xc.shape[2] if rk["over"] == "head" else 1)
+            bound = 1e-5 * count * 2 * cfg.scale * np.abs(np.asarray(g, np.float64)).max() \
+                * np.abs(nhat).max()
+            np.testing.assert_allclose(np.asarray(da[n], np.float64), dwref, rtol=0, atol=bound)
+
+
+@pytest.mark.parametrize("model_type,rounding,offset", [
+    ("qwen3", "cast_then_weight", 0.0), ("gemma3", "weight_then_cast", 1.0)])
+def test_qk_norm_model_rounding_under_jit(model_type, rounding, offset, rng):
+    """bf16 with HF's cos/sin tables in a model rounding mode (the general
+    kernel, the model modes' backward): jit forward and jitted vjp give the
+    eager calls' bits."""
+    cfg = cuprope.RopeConfig(64)
+    q, k = _rand(rng, (2, 16, 4, 64), "bfloat16"), _rand(rng, (2, 16, 2, 64), "bfloat16")
+    ang = np.arange(16)[:, None] * 1e4 ** (-np.arange(32) / 32)
+    cos = jnp.asarray(np.cos(np.concatenate([ang, ang], -1))[None], jnp.bfloat16)
+    sin = jnp.asarray(np.sin(np.concatenate([ang, ang], -1))[None], jnp.bfloat16)
+    wq = jnp.asarray(rng.uniform(-0.5, 0.5, 64) + (1.0 - offset), jnp.bfloat16)
+    wk = jnp.asarray(rng.uniform(-0.5, 0.5, 64) + (1.0 - offset), jnp.bfloat16)
+
+    def fn(q, k, wq, wk):
+        return cjax.rope_qk_norm(q, k, cfg, q_weight=wq, k_weight=wk, weight_offset=offset,
+                                 rounding=rounding, tables=(cos, sin))
+    got = jax.jit(fn)(q, k, wq, wk)
+    kw = dict(q_weight=wq, k_weight=wk, weight_offset=offset, rounding=rounding,
+              tables=(cos, sin))
+    for g, w in zip(got, qknorm.rope_qk_norm_forward(q, k, cfg, **kw)):
+        _same(g, w)
+    gq, gk = _rand(rng, q.shape, "bfloat16"), _rand(rng, k.shape, "bfloat16")
+    _, vjp = jax.vjp(fn, q, k, wq, wk)
+    for g, w in zip(jax.jit(vjp)((gq, gk)), qknorm.rope_qk_norm_backward(q, k, gq, gk, cfg,
+                                                                         **kw)):
+        _same(g, w)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_qk_norm_vmap_on_the_gpu(dtype, rng):
+    cfg = cuprope.RopeConfig(128, base=1e6)
+    q, k = _rand(rng, (3, 2, 9, 8, 128), dtype), _rand(rng, (3, 2, 9, 2, 128), dtype)
+    wq = jnp.asarray(rng.uniform(0.5, 1.5, 128), dtype)
+    pos = jnp.asarray(rng.integers(0, 1000, (3, 9)).astype(np.int32))
+    folded = jax.jit(jax.vmap(lambda q, k: cjax.rope_qk_norm(q, k, cfg, q_weight=wq, offset=5)))
+    looped = jax.jit(jax.vmap(lambda q, k, p: cjax.rope_qk_norm(q, k, cfg, q_weight=wq,
+                                                                positions=p)))
+    fa, fb = folded(q, k)
+    la, lb = looped(q, k, pos)
+    for v in range(3):
+        ea, eb = qknorm.rope_qk_norm_forward(q[v], k[v], cfg, q_weight=wq, offset=5)
+        _same(fa[v], ea)
+        _same(fb[v], eb)
+        ea, eb = qknorm.rope_qk_norm_forward(q[v], k[v], cfg, q_weight=wq, positions=pos[v])
+        _same(la[v], ea)
+        _same(lb[v], eb)

@@ -173,3 +173,317 @@ def test_sharded_calls_run_per_shard_on_several_cpu_devices():
                          text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-4000:]
     assert "sharded ok" in out.stdout
+
+
+# ---------------------------------------------------------------- QK-norm + RoPE
+from cuprope import qknorm, reference  # noqa: E402
+from cuprope import qknorm_reference as qref  # noqa: E402
+from cuprope._core.layout import from_canon, to_canon  # noqa: E402
+
+QK_CASES = {  # config, q shape, k shape, keywords (weights: "q"/"k" by length, "dtype" their dtype)
+    "qwen3-bshd-gqa": (cuprope.RopeConfig(16, base=1e4), (2, 5, 4, 16), (2, 5, 2, 16),
+                       dict(weights=16, positions="bs")),
+    "gemma-bhsd-partial-interleaved": (
+        cuprope.RopeConfig(8, interleaved=True, layout="bhsd"), (1, 3, 6, 12), (1, 1, 6, 12),
+        dict(weights=12, weight_offset=1.0, offset=5, w_dtype="x")),
+    "llama4-l2-thd": (cuprope.RopeConfig(16, layout="thd", scale=0.5), (7, 2, 16), (7, 1, 16),
+                      dict(norm="l2", order="rope_then_norm", positions="s")),
+    "olmo2-token": (cuprope.RopeConfig(16, base=500.0), (2, 4, 3, 16), (2, 4, 1, 16),
+                    dict(weights="token", norm_over="token", eps=1e-5)),
+}
+
+
+def _qk_inputs(case, dtype, rng):
+    """(cfg, q, k, keyword arguments of rope_qk_norm) as JAX arrays."""
+    cfg, qs, ks, kw = QK_CASES[case]
+    kw = dict(kw)
+    q = jnp.asarray(rng.standard_normal(qs), dtype)
+    k = jnp.asarray(rng.standard_normal(ks), dtype)
+    w, w_dtype = kw.pop("weights", None), kw.pop("w_dtype", "float32")
+    if w is not None:
+        w_dtype = dtype if w_dtype == "x" else w_dtype
+        nq, nk = (w, w) if w != "token" else (qs[2] * qs[3], ks[2] * ks[3])
+        kw["q_weight"] = jnp.asarray(rng.uniform(0.5, 1.5, nq), w_dtype)
+        kw["k_weight"] = jnp.asarray(rng.uniform(0.5, 1.5, nk), w_dtype)
+    p = kw.pop("positions", None)
+    if p == "bs":
+        kw["positions"] = jnp.asarray(rng.integers(0, 3000, qs[:2]), jnp.int32)
+    elif p == "s":
+        kw["positions"] = jnp.asarray(rng.integers(0, 3000, qs[:1]), jnp.int32)
+    return cfg, q, k, kw
+
+
+def _qk_ref(x, cfg, kw, w, b, s, g=None):
+    """The float64 reference of one tensor (forward, or (dx, dw) with ``g``), canonical."""
+    pos = reference.token_positions(b, s, offset=kw.get("offset", 0), n_streams=cfg.n_streams,
+                                    positions=None if kw.get("positions") is None
+                                    else np.asarray(kw["positions"]))
+    common = dict(rotary_dim=cfg.rotary_dim, interleaved=cfg.interleaved, scale=cfg.scale,
+                  weight=None if w is None else np.asarray(w, np.float64),
+                  weight_offset=kw.get("weight_offset", 0.0), eps=kw.get("eps", 1e-6),
+                  over=kw.get("norm_over", "head"), order=kw.get("order", "norm_then_rope"))
+    ang = reference.pair_angles(pos, cfg.inv_freq, cfg.stream_map)
+    xc = to_canon(np.asarray(x, np.float64), cfg.layout)
+    if g is None:
+        return qref.forward(xc, ang, **common)
+    return qref.backward(xc, to_canon(np.asarray(g, np.float64), cfg.layout), ang, **common)
+
+
+def _bs(cfg, shape):
+    return (1, shape[0]) if cfg.layout == "thd" else (
+        (shape[0], shape[2]) if cfg.layout == "bhsd" else shape[:2])
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+@pytest.mark.parametrize("case", list(QK_CASES))
+def test_qk_norm_jit_forward_is_the_reference_rounded_once(case, dtype):
+    """Under jit on the CPU backend: the eager NumPy backend's bits, which are
+    the float64 reference rounded once to the dtype."""
+    cfg, q, k, kw = _qk_inputs(case, dtype, np.random.default_rng(10))
+    arrays = {n: v for n, v in kw.items() if isinstance(v, jax.Array)}
+    static = {n: v for n, v in kw.items() if n not in arrays}
+    got = jax.jit(lambda q, k, a: cjax.rope_qk_norm(q, k, cfg, **a, **static))(q, k, arrays)
+    want = qknorm.rope_qk_norm_forward(q, k, cfg, **kw)
+    b, s = _bs(cfg, q.shape)
+    for g, w, x, wt in zip(got, want, (q, k), (kw.get("q_weight"), kw.get("k_weight"))):
+        assert g.dtype == x.dtype and g.shape == x.shape
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+        ref = reference.round_to_dtype(from_canon(_qk_ref(x, cfg, kw, wt, b, s), cfg.layout),
+                                       np.asarray(x).dtype)
+        np.testing.assert_array_equal(np.asarray(g, np.float64), ref.astype(np.float64))
+
+
+@pytest.mark.parametrize("case", list(QK_CASES))
+def test_qk_norm_grads_match_float64(case):
+    """jax.grad in q, k and both weights (fp32) against the float64 backward,
+    and the jitted vjp equals the eager rope_qk_norm_backward bit for bit."""
+    rng = np.random.default_rng(11)
+    cfg, q, k, kw = _qk_inputs(case, "float32", rng)
+    cq, ck = (jnp.asarray(rng.standard_normal(x.shape), jnp.float32) for x in (q, k))
+    ws = {n: kw.pop(n) for n in ("q_weight", "k_weight") if n in kw}
+
+    def loss(q, k, ws):
+        a, b = cjax.rope_qk_norm(q, k, cfg, **kw, **ws)
+        return jnp.sum(a * cq) + jnp.sum(b * ck)
+    gq, gk, gw = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(q, k, ws)
+    b, s = _bs(cfg, q.shape)
+    for x, c, g, n in ((q, cq, gq, "q_weight"), (k, ck, gk, "k_weight")):
+        dx, dw = _qk_ref(x, cfg, kw, ws.get(n), b, s, g=c)
+        dx = from_canon(dx, cfg.layout)
+        np.testing.assert_allclose(np.asarray(g), dx, rtol=0, atol=2e-6 * np.abs(dx).max())
+        if n in ws:
+            np.testing.assert_allclose(np.asarray(gw[n]), dw, rtol=0, atol=1e-5 * np.abs(dw).max())
+    _, vjp = jax.vjp(lambda q, k, ws: cjax.rope_qk_norm(q, k, cfg, **kw, **ws), q, k, ws)
+    dq, dk, dws = jax.jit(vjp)((cq, ck))
+    eq, ek, ewq, ewk = qknorm.rope_qk_norm_backward(q, k, cq, ck, cfg, **kw, **ws)
+    np.testing.assert_array_equal(np.asarray(dq), np.asarray(eq))
+    np.testing.assert_array_equal(np.asarray(dk), np.asarray(ek))
+    for n, e in (("q_weight", ewq), ("k_weight", ewk)):
+        assert (n in ws) == (e is not None)
+        if e is not None:
+            np.testing.assert_array_equal(np.asarray(dws[n]), np.asarray(e))
+
+
+def test_qk_norm_vmap_folds_or_loops_bf16():
+    """A leading axis of q and k folds into the batch (one call, no loop in the
+    jaxpr); batched positions, and the backward with weights, loop; every
+    element equals the call on that element."""
+    rng = np.random.default_rng(12)
+    cfg = cuprope.RopeConfig(16, base=1e4)
+    q = jnp.asarray(rng.standard_normal((3, 2, 5, 4, 16)), jnp.bfloat16)
+    k = jnp.asarray(rng.standard_normal((3, 2, 5, 2, 16)), jnp.bfloat16)
+    wq = jnp.asarray(rng.uniform(0.5, 1.5, 16), jnp.bfloat16)
+    pos = jnp.asarray(rng.integers(0, 999, (3, 5)), jnp.int32)
+
+    def fwd(q, k):
+        return cjax.rope_qk_norm(q, k, cfg, q_weight=wq, offset=4)
+    folded = jax.jit(jax.vmap(fwd))
+    text = str(jax.make_jaxpr(jax.vmap(fwd))(q, k))
+    assert text.count("cuprope_rope_qk_norm") == 1 and "while" not in text and "scan" not in text
+    looped = jax.jit(jax.vmap(lambda q, k, p: cjax.rope_qk_norm(q, k, cfg, q_weight=wq,
+                                                                positions=p)))
+    assert "scan" in str(jax.make_jaxpr(jax.vmap(lambda q, k, p: cjax.rope_qk_norm(
+        q, k, cfg, positions=p)))(q, k, pos))
+    fa, fb = folded(q, k)
+    la, lb = looped(q, k, pos)
+    gw = jax.jit(jax.vmap(jax.grad(lambda q, k, w: jnp.sum(
+        cjax.rope_qk_norm(q, k, cfg, q_weight=w)[0].astype(jnp.float32)), argnums=2),
+        in_axes=(0, 0, None)))(q, k, wq)
+    assert fa.dtype == jnp.bfloat16 and gw.shape == (3, 16)
+    for v in range(3):
+        ea, eb = qknorm.rope_qk_norm_forward(q[v], k[v], cfg, q_weight=wq, offset=4)
+        np.testing.assert_array_equal(np.asarray(fa[v]), np.asarray(ea))
+        np.testing.assert_array_equal(np.asarray(fb[v]), np.asarray(eb))
+        ea, eb = qknorm.rope_qk_norm_forward(q[v], k[v], cfg, q_weight=wq, positions=pos[v])
+        np.testing.assert_array_equal(np.asarray(la[v]), np.asarray(ea))
+        np.testing.assert_array_equal(np.asarray(lb[v]), np.asarray(eb))
+        ones = jnp.ones_like(q[v])
+        _, _, dw, _ = qknorm.rope_qk_norm_backward(q[v], k[v], ones, jnp.zeros_like(k[v]), cfg,
+                                                   q_weight=wq)
+        np.testing.assert_array_equal(np.asarray(gw[v]), np.asarray(dw))
+
+
+def test_qk_norm_model_mode_with_tables_under_jit():
+    """rounding='cast_then_weight' with HF's tables (bf16): the eager call's bits
+    under jit, gradients (through the model-mode backward) in the weights' dtype."""
+    rng = np.random.default_rng(13)
+    cfg = cuprope.RopeConfig(16)
+    q = jnp.asarray(rng.standard_normal((1, 6, 2, 16)), jnp.bfloat16)
+    k = jnp.asarray(rng.standard_normal((1, 6, 1, 16)), jnp.bfloat16)
+    ang = np.arange(6)[:, None] * 100.0 ** (-np.arange(8) / 8)
+    cos = jnp.asarray(np.cos(np.concatenate([ang, ang], -1))[None], jnp.bfloat16)
+    sin = jnp.asarray(np.sin(np.concatenate([ang, ang], -1))[None], jnp.bfloat16)
+    wq, wk = (jnp.asarray(rng.uniform(0.5, 1.5, 16), jnp.bfloat16) for _ in range(2))
+    kw = dict(q_weight=wq, k_weight=wk, rounding="cast_then_weight", tables=(cos, sin))
+    got = jax.jit(lambda q, k: cjax.rope_qk_norm(q, k, cfg, **kw))(q, k)
+    for g, w in zip(got, qknorm.rope_qk_norm_forward(q, k, cfg, **kw)):
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+    gq, gk = jnp.asarray(rng.standard_normal(q.shape), jnp.bfloat16), jnp.ones_like(k)
+    _, vjp = jax.vjp(lambda q, k, wq, wk: cjax.rope_qk_norm(
+        q, k, cfg, q_weight=wq, k_weight=wk, rounding="cast_then_weight", tables=(cos, sin)),
+        q, k, wq, wk)
+    got = jax.jit(vjp)((gq, gk))
+    want = qknorm.rope_qk_norm_backward(q, k, gq, gk, cfg, **kw)
+    for g, w in zip(got, want):
+        assert g.dtype == jnp.bfloat16
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+
+
+@pytest.mark.parametrize("kw,exc,match", [
+    (dict(norm="layer"), ValueError, "norm must be"),
+    (dict(order="sideways"), ValueError, "order must be"),
+    (dict(q_weight=jnp.ones(15)), ValueError, r"q_weight must have shape \(16,\)"),
+    (dict(norm="l2", k_weight=jnp.ones(16)), ValueError, "l2"),
+    (dict(rounding="exact", tables=(jnp.ones((3, 16)),) * 2), ValueError, "model rounding"),
+    (dict(positions=jnp.arange(4)), ValueError, "positions must have shape"),
+    (dict(positions=jnp.arange(3.0)), TypeError, "positions must have dtype"),
+])
+def test_qk_norm_errors_are_raised_when_traced(kw, exc, match):
+    cfg = cuprope.RopeConfig(16)
+    q, k = jnp.ones((1, 3, 2, 16)), jnp.ones((1, 3, 1, 16))
+    with pytest.raises(exc, match=match):
+        jax.jit(lambda q, k: cjax.rope_qk_norm(q, k, cfg, **kw)).lower(q, k)
+
+
+def test_qk_norm_static_arguments_and_shapes():
+    cfg = cuprope.RopeConfig(16)
+    q, k = jnp.ones((1, 3, 2, 16)), jnp.ones((1, 3, 1, 16))
+    with pytest.raises(TypeError, match="eps must be a Python float"):
+        jax.jit(lambda q, k, e: cjax.rope_qk_norm(q, k, cfg, eps=e))(q, k, 1e-6)
+    with pytest.raises(TypeError, match="offset must be a Python int"):
+        jax.jit(lambda q, k, o: cjax.rope_qk_norm(q, k, cfg, offset=o))(q, k, 2)
+    with pytest.raises(ValueError, match="same batch and sequence sizes"):
+        cjax.rope_qk_norm(q, jnp.ones((1, 4, 1, 16)), cfg)
+    with pytest.raises(TypeError, match="config must be a cuprope.RopeConfig"):
+        cjax.rope_qk_norm(q, k, object())
+    empty = cjax.rope_qk_norm(jnp.ones((0, 3, 2, 16)), jnp.ones((0, 3, 1, 16)), cfg)
+    assert empty[0].shape == (0, 3, 2, 16) and empty[1].shape == (0, 3, 1, 16)
+
+
+def _aligned(a):
+    """A copy of ``a`` at a 256-byte aligned address (as GPU buffers are)."""
+    a = np.asarray(a)
+    buf = np.empty(a.nbytes + 256, np.uint8)
+    off = (-buf.ctypes.data) % 256
+    out = buf[off:off + a.nbytes].view(a.dtype).reshape(a.shape)
+    out[...] = a
+    return out
+
+
+def _eqns(jaxpr):
+    """Every equation of a jaxpr and of the jaxprs inside it, in order."""
+    for e in jaxpr.eqns:
+        yield e
+        for v in e.params.values():
+            for sub in (v if isinstance(v, (tuple, list)) else (v,)):
+                inner = getattr(sub, "jaxpr", sub)
+                if hasattr(inner, "eqns"):
+                    yield from _eqns(inner)
+
+
+@pytest.mark.parametrize("case,backward,dtype,fast", [
+    ("qwen3-bshd-gqa", True, "bfloat16", True), ("qwen3-bshd-gqa", False, "float32", True),
+    ("gemma-bhsd-partial-interleaved", True, "float32", False),
+    ("llama4-l2-thd", False, "float16", True), ("olmo2-token", True, "bfloat16", False)])
+def test_qk_norm_gpu_lowering_plan_built_on_the_cpu(case, backward, dtype, fast):
+    """The GPU lowering's kernel calls, built from the primitive's avals as the
+    traced program holds them (no jaxlib kernel call, no GPU): the flat entry
+    of the kernel the eager path picks for the same arrays, its grid and
+    shared memory, every scalar word equal to the eager path's packed struct,
+    a buffer for every pointer the call reads or writes (inputs before
+    outputs) and 0 for the rest, and one reduction per weight."""
+    from cuprope._core import loader
+    from cuprope._core import qknorm_launch as ql
+    from cuprope.jax_qknorm import launch_plan, qknorm_p
+    rng = np.random.default_rng(14)
+    cfg, q, k, kw = _qk_inputs(case, dtype, rng)
+    arrays = {n: v for n, v in kw.items() if isinstance(v, jax.Array)}
+    static = {n: v for n, v in kw.items() if n not in arrays}
+    gq, gk = jnp.ones_like(q), jnp.ones_like(k)
+    if backward:
+        def fn(q, k, a):
+            return jax.vjp(lambda q, k: cjax.rope_qk_norm(q, k, cfg, **a, **static), q, k)[1](
+                (gq, gk))
+    else:
+        def fn(q, k, a):
+            return cjax.rope_qk_norm(q, k, cfg, **a, **static)
+    eqns = [e for e in _eqns(jax.make_jaxpr(fn)(q, k, arrays).jaxpr) if e.primitive is qknorm_p]
+    eqn = eqns[-1]  # the backward's, where there are two
+    call, avals = eqn.params["call"], [v.aval for v in eqn.invars]
+    assert call.backward == backward
+    plan = launch_plan(call, avals, 132)
+    # the eager path on aligned host copies of the same arrays
+    host = {n: _aligned(v) for n, v in arrays.items()}
+    xs = [_aligned(x) for x in (q, k)]
+    gs = [_aligned(g) for g in (gq, gk)] if backward else [None, None]
+    c = qknorm.QkNormCall.of(*xs, *gs, cfg, host.get("q_weight"), host.get("k_weight"),
+                             static.get("eps", 1e-6), static.get("norm", "rms"),
+                             static.get("weight_offset", 0.0),
+                             static.get("order", "norm_then_rope"),
+                             static.get("norm_over", "head"), "exact", None,
+                             host.get("positions"), static.get("offset", 0), None)
+    ins = c.ginfos if backward else c.infos
+    outs = [cuprope._core.arrays.describe(_aligned(np.zeros_like(x)), "out") for x in xs]
+    geo = ql.geometry(c, ins, outs, backward, 132)
+    assert (geo.vec > 0) == fast
+    words = ql.flat_words(ql.pack(ql.struct_fields(c, ins, outs, geo, inv_freq_ptr=1,
+                                                   stream_map_ptr=0, part_ptr=0)))
+    main = plan[0]
+    assert main.name == geo.flat_name == loader.qknorm_flat_kernel_name(dtype, cfg.interleaved,
+                                                                        geo.vec, backward)
+    assert main.grid == (geo.blocks, 1, 1) and main.warps == 8 and main.smem == geo.smem
+    assert geo.blocks == -(-min(c.b * c.s, (8 if fast else 4) * 8 * 132) // 8)
+    assert main.smem + ql.QKNORM_ARGS.size <= 48 * 1024
+    n_ptr = len(ql.FLAT_POINTERS)
+    assert [p[1] for p in main.params[n_ptr:]] == words and len(main.params) == 67
+    has = {"in_ptr0": True, "in_ptr1": True, "x_ptr0": backward, "x_ptr1": backward,
+           "pos_ptr": "positions" in arrays, "seq_off_ptr": False,
+           "w_ptr0": "q_weight" in arrays, "w_ptr1": "k_weight" in arrays,
+           "inv_freq_ptr": True, "stream_map_ptr": cfg.stream_map is not None,
+           "out_ptr0": True, "out_ptr1": True, "part_ptr": backward and "q_weight" in arrays}
+    kinds = [p[0] for p in main.params[:n_ptr]]
+    assert kinds == ["array" if has[r] else "scalar" for r in ql.FLAT_POINTERS]
+    assert all(p == ("scalar", 0, "u64") for p in main.params[:n_ptr] if p[0] == "scalar")
+    assert kinds.count("array") == len(main.operands) + len(main.results)
+    aligns = dict(zip(ql.FLAT_POINTERS, [p[1] for p in main.params[:n_ptr]]))
+    assert aligns["in_ptr0"] == aligns["out_ptr1"] == geo.vec * np.dtype(avals[0].dtype).itemsize
+    n_rot = 4 if backward else 2
+    assert [r for r in main.operands[:n_rot]] == [("operand", i) for i in (
+        (2, 3, 0, 1) if backward else (0, 1))]
+    assert [s for s, _ in main.results[:2]] == [q.shape, k.shape]
+    dws = plan[1:]
+    assert len(dws) == (int("q_weight" in arrays) + int("k_weight" in arrays) if backward else 0)
+    if dws:
+        assert main.results[2] == ((geo.part_rows * geo.part_cols,), np.dtype(np.float32))
+        assert geo.part_rows == (geo.blocks if fast else 8 * geo.blocks)
+    col0 = 0
+    for launch, name in zip(dws, ("q_weight", "k_weight")):
+        w = arrays[name]
+        assert launch.name == loader.QKNORM_DW_KERNEL and launch.operands == (("part",),)
+        assert launch.grid == (-(-w.shape[0] // 32), 1, 1) and launch.warps == 8
+        assert [p[:2] for p in launch.params] == [
+            ("array", 0), ("scalar", geo.part_rows), ("scalar", geo.part_cols),
+            ("scalar", col0), ("scalar", w.shape[0]), ("array", 0),
+            ("scalar", ql.W_DTYPE[np.dtype(w.dtype).name])]
+        assert launch.results == ((w.shape, np.dtype(w.dtype)),)
+        col0 += w.shape[0]

@@ -243,3 +243,66 @@ def test_flat_entries_compile():
     lowered, nbytes, log = _compile("sm_90", names)
     assert all(lowered.values()) and len(set(lowered.values())) == len(names)
     assert "warning" not in log.lower(), log
+
+
+def _resources(arch, names, entry=_loader.ENTRY):
+    """{name expression: (registers, spill store bytes, spill load bytes)} from
+    ptxas's verbose report in NVRTC's log."""
+    import re
+    rc, log, prog = _build(arch, names, list(_loader.compile_options()) + ["--ptxas-options=-v"],
+                           entry)
+    assert rc == nvrtc.nvrtcResult.NVRTC_SUCCESS, log
+    lowered = {_check(nvrtc.nvrtcGetLoweredName(prog, n.encode())).decode(): n for n in names}
+    nvrtc.nvrtcDestroyProgram(prog)
+    out, fn, spill = {}, None, None
+    for line in log.splitlines():
+        m = re.search(r"Compiling entry function '(\w+)'", line)
+        if m:
+            fn = lowered.get(m.group(1))
+        m = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", line)
+        if m:
+            spill = (int(m.group(1)), int(m.group(2)))
+        m = re.search(r"Used (\d+) registers", line)
+        if m and fn:
+            out[fn] = (int(m.group(1)),) + spill
+            fn = None
+    assert set(out) == set(names), sorted(set(names) - set(out))
+    return out
+
+
+def test_qknorm_flat_entries_compile_without_new_spills():
+    """The QK-norm flat entries (kernels/qknorm_flat.cuh) that cuprope.jax
+    launches, every dtype, pairing and direction, the general body (VEC 0)
+    and the fast path at the widest packs, compile for sm_90, and spill no
+    more than the by-value kernel they wrap (the struct lives in shared
+    memory, not in registers); the weight-gradient reduction has no spills."""
+    pairs = {}
+    for dt in _loader.DTYPE_CTYPES:
+        for il in (False, True):
+            for bwd in (False, True):
+                pairs[_loader.qknorm_flat_kernel_name(dt, il, 0, bwd)] = \
+                    _loader.qknorm_kernel_name(dt, il, bwd)
+                pairs[_loader.qknorm_flat_kernel_name(dt, il, _loader.vec_widths(dt)[0], bwd)] = \
+                    _loader.qknorm_rows_kernel_name(dt, il, bwd)
+    assert len(pairs) == 24
+    res = _resources("sm_90", list(pairs) + list(pairs.values()) + [_loader.QKNORM_DW_KERNEL])
+    # Expected: the 16-bit fast path at its register bounds (80 forward, 3 blocks
+    # of 256 threads per SM; 128 backward, 2) spills where the by-value kernel,
+    # which reads the fields as constant operands, spills less (the flat entry
+    # loads them from shared memory into registers; since the prefetch of the
+    # next unit, NOTES 33, the lanes also hold two units' packs): forward 20/28
+    # bytes, interleaved forward 64/120 and backward 68/180.
+    expected = {}
+    for dt in ("float16", "bfloat16"):
+        expected[_loader.qknorm_flat_kernel_name(dt, False, 8, False)] = (20, 28)
+        expected[_loader.qknorm_flat_kernel_name(dt, True, 8, False)] = (64, 120)
+        expected[_loader.qknorm_flat_kernel_name(dt, True, 8, True)] = (68, 180)
+    for flat, by_value in pairs.items():
+        regs, st, ld = res[flat]
+        allowed = expected.get(flat, res[by_value][1:])
+        assert st <= allowed[0] and ld <= allowed[1], (flat, res[flat], res[by_value])
+        if ", 0, " not in flat:  # the fast path's bound: 2 (backward) or 3 blocks per SM
+            assert regs <= 65536 // (256 * (2 if flat.endswith("true>") else 3)), (flat, regs)
+        else:  # the general body, uncapped: no spill at all
+            assert (st, ld) == (0, 0), (flat, res[flat])
+    assert res[_loader.QKNORM_DW_KERNEL][1:] == (0, 0)

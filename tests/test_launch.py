@@ -102,3 +102,25 @@ def test_flat_entry_signature_and_struct_words_follow_the_flat_order():
     words = [w.strip() for w in init.split(",")]
     by_slot = dict(zip(args.FLAT_POINTER_SLOTS, pointer_names))
     assert words == [by_slot.get(i, f"w{i}") for i in range(len(words))]
+
+
+def test_qknorm_flat_entry_follows_the_flat_order():
+    """kernels/qknorm_flat.cuh: its parameters are qknorm_launch.FLAT_POINTERS
+    (inputs, then the outputs) then w<slot> for FLAT_WORDS, and it rebuilds
+    QkNormArgs with each word at its slot."""
+    from cuprope._core import qknorm_launch as ql
+    names = [n for n, c, _ in ql.QKNORM_ARGS_FIELDS for _ in range(c)]
+    assert len(names) == ql.QKNORM_ARGS.size // 8 == 67
+    assert all(names[s].endswith("_ptr") for s in ql.FLAT_POINTER_SLOTS)
+    assert sorted(ql.FLAT_POINTER_SLOTS + ql.FLAT_WORDS) == list(range(len(names)))
+    outs = [i for i, r in enumerate(ql.FLAT_POINTERS) if r in ql.FLAT_OUTPUTS]
+    assert outs == list(range(len(ql.FLAT_POINTERS) - 3, len(ql.FLAT_POINTERS)))
+    src = loader.kernel_sources()["qknorm_flat.cuh"]
+    sig = re.search(r"qknorm_flat_kernel\(([^)]*)\)", src).group(1)
+    params = [p.split()[-1] for p in sig.split(",")]
+    c_names = [r.replace("w_ptr", "weight").replace("_ptr", "") for r in ql.FLAT_POINTERS]
+    assert params == c_names + [f"w{i}" for i in ql.FLAT_WORDS]
+    init = re.search(r"words\[67\] = \{([^}]*)\}", src).group(1)
+    words = [w.strip() for w in init.split(",")]
+    by_slot = dict(zip(ql.FLAT_POINTER_SLOTS, c_names))
+    assert words == [by_slot.get(i, f"w{i}") for i in range(len(names))]

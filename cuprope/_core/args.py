@@ -35,7 +35,9 @@ ARGS = struct.Struct("<" + "".join(kind * count for _, count, kind in ARGS_FIELD
 ARGS_DTYPE = np.dtype([("raw", np.uint8, (ARGS.size,))])
 
 
-def _slots(fields) -> dict[str, int]:
+def field_slots(fields) -> dict[str, int]:
+    """Each field's slot (the index of its first element in the int64 view of
+    the packed struct) in a field list of ``ARGS_FIELDS``' form."""
     out, slot = {}, 0
     for name, count, _ in fields:
         out[name] = slot
@@ -43,10 +45,13 @@ def _slots(fields) -> dict[str, int]:
     return out
 
 
-ARGS_SLOTS = _slots(ARGS_FIELDS)  # name -> the slot of its first element
+ARGS_SLOTS = field_slots(ARGS_FIELDS)  # name -> the slot of its first element
 
 
-def _pack(fields, packer, what, values) -> bytes:
+def pack_fields(fields, packer, what, values) -> bytes:
+    """A struct of the field list ``fields`` packed by ``packer`` from
+    ``values`` by field name (a sequence for the multi-element fields); a
+    field not named is 0. ``what`` names the struct in errors."""
     unknown = set(values) - {name for name, _, _ in fields}
     if unknown:
         raise TypeError(f"{what} has no field {sorted(unknown)}")
@@ -63,7 +68,7 @@ def _pack(fields, packer, what, values) -> bytes:
 def pack_args(**values) -> bytes:
     """RopeArgs packed from its fields by name (a pair for the two-element
     fields); a field not named is 0."""
-    return _pack(ARGS_FIELDS, ARGS, "RopeArgs", values)
+    return pack_fields(ARGS_FIELDS, ARGS, "RopeArgs", values)
 
 
 # struct KvArgs (kernels/args.cuh), the KV-cache dialect's second argument,
@@ -79,7 +84,7 @@ KV_ARGS_DTYPE = np.dtype([("raw", np.uint8, (KV_ARGS.size,))])
 
 def pack_kv_args(**values) -> bytes:
     """KvArgs packed from its fields by name; a field not named is 0."""
-    return _pack(KV_ARGS_FIELDS, KV_ARGS, "KvArgs", values)
+    return pack_fields(KV_ARGS_FIELDS, KV_ARGS, "KvArgs", values)
 
 
 # The flat entry points (kernels/flat.cuh) take the struct's pointers first,
@@ -90,10 +95,19 @@ FLAT_POINTERS = ("in_ptr0", "in_ptr1", "pos_ptr", "seq_off_ptr", "inv_freq_ptr",
                  "stream_map_ptr", "aux_ptr", "out_ptr0", "out_ptr1", "stats_ptr")
 
 
-def _pointer_slot(role):
-    name, _, idx = role.rpartition("_ptr")
-    return ARGS_SLOTS[name + "_ptr"] + (int(idx) if idx else 0)
+def flat_order(fields, pointers) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(pointer slots, other slots) of a flat entry over the struct ``fields``
+    whose parameters are the pointer words ``pointers`` (roles such as
+    ``in_ptr0``: field ``in_ptr``, element 0) then every other word in struct
+    order."""
+    slots = field_slots(fields)
+
+    def slot(role):
+        name, _, idx = role.rpartition("_ptr")
+        return slots[name + "_ptr"] + (int(idx) if idx else 0)
+    pointer_slots = tuple(slot(r) for r in pointers)
+    n = sum(count for _, count, _ in fields)
+    return pointer_slots, tuple(i for i in range(n) if i not in pointer_slots)
 
 
-FLAT_POINTER_SLOTS = tuple(_pointer_slot(r) for r in FLAT_POINTERS)
-FLAT_WORDS = tuple(i for i in range(ARGS.size // 8) if i not in FLAT_POINTER_SLOTS)
+FLAT_POINTER_SLOTS, FLAT_WORDS = flat_order(ARGS_FIELDS, FLAT_POINTERS)

@@ -166,6 +166,14 @@ def qknorm_rows_kernel_name(dtype: str, interleaved: bool, backward: bool) -> st
             f"{vec_widths(dtype)[0]}, {_b(backward)}>")
 
 
+def qknorm_flat_kernel_name(dtype: str, interleaved: bool, vec: int, backward: bool) -> str:
+    """Name expression of the flat entry (kernels/qknorm_flat.cuh) of
+    ``qknorm_kernel`` (``vec`` 0) or of ``qknorm_rows_kernel`` at pack width
+    ``vec`` (the widest of ``dtype``, as the fast path launches it)."""
+    return (f"cuprope::qknorm_flat_kernel<{DTYPE_CTYPES[dtype]}, {_b(interleaved)}, {int(vec)}, "
+            f"{_b(backward)}>")
+
+
 QKNORM_DW_KERNEL = "cuprope::qknorm_dw_kernel"
 """The QK-norm weight-gradient reduction (kernels/qknorm.cuh)."""
 

@@ -85,17 +85,23 @@ def check_same_kind(a, b, na, nb):
 
 def check_out(out, src, name):
     """An output given for ``src``: same framework, shape, dtype and device, writable."""
+    if out.kind == src.kind == "jax":
+        raise TypeError("JAX arrays are immutable: out= and inplace=True are not supported for them")
+    check_like(out, src, name)
+    check_writable(out, name)
+
+
+def check_like(out, src, name):
+    """An array read beside ``src`` (a gradient of it): same framework, shape,
+    dtype and device, a contiguous last dim."""
     if out.kind != src.kind:
         raise TypeError(f"{name} must be a {src.kind} array like its input, got {out.kind}")
-    if out.kind == "jax":
-        raise TypeError("JAX arrays are immutable: out= and inplace=True are not supported for them")
     if tuple(out.shape) != tuple(src.shape) or out.dtype != src.dtype:
         raise ValueError(f"{name} must have shape {tuple(src.shape)} and dtype {src.dtype}, "
                          f"got {tuple(out.shape)} {out.dtype}")
     if out.device != src.device:
         raise ValueError(f"{name} is on device {out.device} but its input is on {src.device}")
     check_last_dim(out, name, "the last dim")
-    check_writable(out, name)
 
 
 def check_writable(info, name):

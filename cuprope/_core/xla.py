@@ -27,8 +27,11 @@ def theta_table(call) -> np.ndarray:
     return np.frombuffer(flat, dtype=np.float64).reshape(rows, -1)
 
 
-class _Aval:
-    """An aval as the validation layer reads an array: row-major, on device 0."""
+class AvalInfo:
+    """An aval (anything with ``shape`` and ``dtype``) as the validation and
+    launch layers read an array (``cuprope._core.arrays.ArrayInfo``'s fields):
+    row-major, as XLA lays out the kernel call's buffers, on device 0, at
+    address 0 (XLA passes the buffers when the program runs)."""
 
     kind, device, ptr = "jax", 0, 0
 
@@ -36,7 +39,7 @@ class _Aval:
         self.shape = tuple(aval.shape)
         self.dtype = np.dtype(aval.dtype).name
         self.itemsize = np.dtype(aval.dtype).itemsize
-        self.strides = _row_major(self.shape)
+        self.strides = row_major(self.shape)
 
     @property
     def size(self):
@@ -46,7 +49,7 @@ class _Aval:
 def check_avals(call, avals):
     """The eager call's checks (cuprope._core.validate) on traced operands."""
     from ..config import config_by_key
-    infos = [_Aval(a) for a in avals]
+    infos = [AvalInfo(a) for a in avals]
     xs, rest = infos[:call.n], infos[call.n:]
     names = ("q", "k") if call.n == 2 else ("x",)
     if call.kind == "rope":
@@ -74,7 +77,7 @@ def check_avals(call, avals):
             raise ValueError("x and do must have the same shape and dtype")
 
 
-def _row_major(shape):
+def row_major(shape):
     """Element strides of a row-major array (XLA's layout for these operands)."""
     st, acc = [], 1
     for n in reversed(shape):
@@ -83,10 +86,10 @@ def _row_major(shape):
     return tuple(reversed(st))
 
 
-def _tensor(aval, layout):
+def tensor_plan(aval, layout):
     """A TensorPlan of an XLA buffer: row-major, and aligned (the flat entry's
     array parameters make XLA check the alignment the vector width assumes)."""
-    st = canon_strides(_row_major(aval.shape), layout)
+    st = canon_strides(row_major(aval.shape), layout)
     return launch.TensorPlan(0, 0, st, st, canon_sizes(aval.shape, layout)[2])
 
 
@@ -100,7 +103,7 @@ def _plan(call, avals):
     d = xs[0].shape[-1]
     inputs = {"in_ptr0": 0, "in_ptr1": 1} if call.n == 2 else {"in_ptr0": 0}
     rest = iter(range(call.n, len(avals)))
-    kw = dict(dtype=np.dtype(xs[0].dtype).name, plans=[_tensor(a, layout) for a in xs],
+    kw = dict(dtype=np.dtype(xs[0].dtype).name, plans=[tensor_plan(a, layout) for a in xs],
               n_batch=b, n_seq=s, head_dim=d, copy_rest=True, pos=None, seq_off=None,
               inv_freq_ptr=0, freq_sh=0, stream_map_ptr=0, scale=1.0,
               sin_sign=-1.0 if call.inverse else 1.0)
@@ -109,7 +112,7 @@ def _plan(call, avals):
         if call.has_pos:
             inputs["pos_ptr"] = i = next(rest)
             p = avals[i]
-            st, shape = _row_major(p.shape), p.shape
+            st, shape = row_major(p.shape), p.shape
             s_stream = 0
             if cfg.n_streams > 1:
                 s_stream, st, shape = st[0], st[1:], shape[1:]
@@ -127,7 +130,7 @@ def _plan(call, avals):
     elif call.kind == "table":
         inputs["pos_ptr"], inputs["seq_off_ptr"] = next(rest), next(rest)  # cos, sin
         c = avals[inputs["pos_ptr"]]
-        st = _row_major(c.shape)
+        st = row_major(c.shape)
         tb, ts = (0, st[0]) if len(c.shape) == 2 else ((st[0] if c.shape[0] > 1 else 0), st[1])
         kw.update(interleaved=call.interleaved, rot_dim=c.shape[-1], table=(0, 0, tb, ts))
     else:
@@ -142,31 +145,76 @@ def _plan(call, avals):
                   inv_freq_ptr=1, freq_sh=d // 2 if table.shape[0] > 1 else 0)
         if fused_x:
             inputs["aux_ptr"] = i = next(rest)
-            kw["aux"] = _tensor(avals[i], layout)
-    return launch.plan_launch(sms=_sm_count(), **kw), inputs
+            kw["aux"] = tensor_plan(avals[i], layout)
+    return launch.plan_launch(sms=sm_count(), **kw), inputs
 
 
-def _sm_count():
+def sm_count():
     """The GPU's multiprocessor count (the grid is sized for it, as the eager
     path sizes it from CuPy's device properties)."""
     import jax
     return int(getattr(jax.devices("cuda")[0], "core_count", 0) or launch.sm_count(0))
 
 
-def lower_cuda(ctx, *ins, call):
-    """The lowering rule: a ``triton_kernel_call`` custom call whose operands
-    are the inputs in pointer-role order (embedded tables as constants)."""
+def layout_of(aval):
+    """The row-major operand/result layout of an aval (minor-to-major dims)."""
+    return list(reversed(range(len(aval.shape))))
+
+
+def constant_operand(table):
+    """A host table as a constant operand, bit for bit (float64 as uint32
+    words: no x64 needed), and its layout."""
+    from jax.interpreters import mlir
+    table = np.ascontiguousarray(table)
+    return mlir.ir_constant(np.frombuffer(table.tobytes(), dtype=np.uint32)), [0]
+
+
+def array_param(align=0):
+    """A kernel-call parameter taking the next XLA buffer (operands, then
+    results), whose address XLA checks to be a multiple of ``align`` (0: any)."""
+    return ("array", int(align))
+
+
+def scalar_param(value, kind="i64"):
+    """A kernel-call parameter passing ``value`` (kind "i64" or "u64")."""
+    return ("scalar", int(value), kind)
+
+
+def kernel_call(name, *, grid, warps, smem, params, operands, operand_layouts, result_avals):
+    """The results of one ``triton_kernel_call`` custom call launching the
+    instantiation ``name`` (a name expression; PTX from NVRTC, compiled for
+    the GPU's compute capability) on ``grid`` (3 ints) with blocks of
+    ``warps`` warps in one dimension and ``smem`` bytes of dynamic shared
+    memory. ``params``: array_param / scalar_param in the kernel's parameter
+    order, the array parameters taking ``operands`` then the results in
+    order. Everything is fixed here; XLA only supplies the buffers."""
     from jax._src.interpreters import mlir as _mlir
     from jax._src.lib import gpu_triton as kc
     from jax._src.lib.mlir import ir
     from jax.interpreters import mlir
 
+    cc = kc.get_compute_capability(0)
+    text, entry = ptx.compile_ptx(name, cc)
+    made = [kc.create_array_parameter(0, p[1]) if p[0] == "array"
+            else kc.create_scalar_parameter(p[1], p[2]) for p in params]
+    kernel = kc.TritonKernel(entry, int(warps), 1, int(smem), text, "", cc)
+    kcall = kc.TritonKernelCall(kernel, *[int(g) for g in grid], made)
+    out_types = [ir.RankedTensorType.get(a.shape, mlir.dtype_to_ir_type(a.dtype))
+                 for a in result_avals]
+    return _mlir.custom_call(
+        "triton_kernel_call", result_types=out_types, operands=list(operands),
+        backend_config=zlib.compress(kcall.to_proto(entry, b"")), api_version=2,
+        operand_layouts=list(operand_layouts),
+        result_layouts=[layout_of(a) for a in result_avals]).results
+
+
+def lower_cuda(ctx, *ins, call):
+    """The lowering rule: a ``triton_kernel_call`` custom call whose operands
+    are the inputs in pointer-role order (embedded tables as constants)."""
     spec, inputs = _plan(call, ctx.avals_in)
     if spec.pre is not None:
         raise NotImplementedError("cuprope.jax: LRPE's softmax over the sequence (dim=1) needs "
                                   "a statistics pass that the GPU kernel call cannot launch")
-    cc = kc.get_compute_capability(0)
-    text, entry = ptx.compile_ptx(loader.flat_kernel_name(*spec.key), cc)
     align = spec.vec * np.dtype(ctx.avals_in[0].dtype).itemsize
     vector_roles = {"in_ptr0", "in_ptr1", "aux_ptr", "out_ptr0", "out_ptr1"}
     if call.kind == "table":
@@ -176,28 +224,23 @@ def lower_cuda(ctx, *ins, call):
     for role in args.FLAT_POINTERS:
         src = inputs.get(role)
         if src is None and role not in outputs:
-            params.append(kc.create_scalar_parameter(0, "u64"))
+            params.append(scalar_param(0, "u64"))
             continue
-        params.append(kc.create_array_parameter(
-            0, align if role in vector_roles else 8 if role == "inv_freq_ptr" else 0))
+        params.append(array_param(
+            align if role in vector_roles else 8 if role == "inv_freq_ptr" else 0))
         if role in outputs:
             continue
         if isinstance(src, int):
             operands.append(ins[src])
-            layouts.append(list(reversed(range(len(ctx.avals_in[src].shape)))))
-        else:  # a host table, bit for bit (float64 as uint32 words: no x64 needed)
-            table = np.ascontiguousarray(src)
-            operands.append(mlir.ir_constant(np.frombuffer(table.tobytes(), dtype=np.uint32)))
-            layouts.append([0])
+            layouts.append(layout_of(ctx.avals_in[src]))
+        else:  # a host table, bit for bit
+            op, lay = constant_operand(src)
+            operands.append(op)
+            layouts.append(lay)
     words = np.frombuffer(spec.args, dtype=np.int64).copy()
     words[args.ARGS_SLOTS["offset"]] = call.offset
-    params += [kc.create_scalar_parameter(int(words[i]), "i64") for i in args.FLAT_WORDS]
-    kernel = kc.TritonKernel(entry, spec.block[0] // 32, 1, spec.smem, text, "", cc)
-    kcall = kc.TritonKernelCall(kernel, *spec.grid, params)
-    out_types = [ir.RankedTensorType.get(a.shape, mlir.dtype_to_ir_type(a.dtype))
-                 for a in ctx.avals_out]
-    return _mlir.custom_call(
-        "triton_kernel_call", result_types=out_types, operands=operands,
-        backend_config=zlib.compress(kcall.to_proto(entry, b"")), api_version=2,
-        operand_layouts=layouts,
-        result_layouts=[list(reversed(range(len(a.shape)))) for a in ctx.avals_out]).results
+    params += [scalar_param(words[i]) for i in args.FLAT_WORDS]
+    return kernel_call(loader.flat_kernel_name(*spec.key), grid=spec.grid,
+                       warps=spec.block[0] // 32, smem=spec.smem, params=params,
+                       operands=operands, operand_layouts=layouts,
+                       result_avals=ctx.avals_out)

@@ -1,0 +1,218 @@
+"""How the fused QK-norm + RoPE kernels (kernels/qknorm.cuh) are launched: the
+host's mirror of ``struct QkNormArgs``, the launch geometry, the struct's
+words and the weight-gradient reduction's arguments.
+
+Both launchers read them from here, so they cannot drift: the eager GPU path
+(``cuprope.qknorm``, CuPy, the by-value kernels) and the JAX lowering
+(``cuprope.jax_qknorm``, jaxlib's GPU kernel call, the flat entries of
+kernels/qknorm_flat.cuh, every word fixed at trace time from the avals). The
+functions take a validated call (``cuprope.qknorm.QkNormCall``) and the infos
+of the kernel's inputs and outputs (arrays, or avals seen as row-major arrays).
+"""
+from __future__ import annotations
+
+import dataclasses
+import struct
+
+import numpy as np
+
+from .. import qknorm_reference as qref
+from . import args, engine, loader
+from .launch import SMEM_LIMIT, TensorPlan, pick_vec
+from .layout import canon_sizes, canon_strides
+
+# The int64 fields of struct QkNormArgs after its RopeArgs (kernels/qknorm.cuh), in
+# order, (name, count); then two doubles, eps and weight_offset. ARGS_EXTRA packs them
+# (tests/test_qknorm.py compares both with the C struct).
+ARGS_EXTRA_FIELDS = (("x_ptr", 2), ("x_sb", 2), ("x_ss", 2), ("x_sh", 2), ("w_ptr", 2),
+                     ("w_dtype", 2), ("w_col", 2), ("part_ptr", 1), ("part_cols", 1),
+                     ("norm_token", 1), ("rope_first", 1), ("rounding", 1), ("table", 1))
+ARGS_EXTRA = struct.Struct("<" + "q" * sum(n for _, n in ARGS_EXTRA_FIELDS) + "dd")
+# The whole struct as args.ARGS_FIELDS lists RopeArgs: (name, count, kind).
+QKNORM_ARGS_FIELDS = (args.ARGS_FIELDS + tuple((n, c, "q") for n, c in ARGS_EXTRA_FIELDS)
+                      + (("eps", 1, "d"), ("weight_offset", 1, "d")))
+QKNORM_ARGS = struct.Struct(args.ARGS.format + ARGS_EXTRA.format[1:])
+QKNORM_SLOTS = args.field_slots(QKNORM_ARGS_FIELDS)
+W_DTYPE = {"float32": 0, "float16": 1, "bfloat16": 2}  # QkNormArgs.w_dtype
+
+WARPS = 8  # per block (256 threads), every QK-norm kernel
+THREADS = 32 * WARPS
+# The flat entries keep the struct in static shared memory beside the bodies'
+# dynamic shared memory; both launchers budget for it, so that they choose the
+# same kernel (a launch without opting in gets SMEM_LIMIT bytes in all).
+SMEM_BUDGET = SMEM_LIMIT - QKNORM_ARGS.size
+
+# The flat entries' parameters (kernels/qknorm_flat.cuh): these pointer words,
+# inputs before outputs (XLA's buffer order), then every other word in struct order.
+FLAT_POINTERS = ("in_ptr0", "in_ptr1", "x_ptr0", "x_ptr1", "pos_ptr", "seq_off_ptr", "w_ptr0",
+                 "w_ptr1", "inv_freq_ptr", "stream_map_ptr", "out_ptr0", "out_ptr1", "part_ptr")
+FLAT_OUTPUTS = ("out_ptr0", "out_ptr1", "part_ptr")
+FLAT_POINTER_SLOTS, FLAT_WORDS = args.flat_order(QKNORM_ARGS_FIELDS, FLAT_POINTERS)
+
+
+@dataclasses.dataclass(frozen=True)
+class Geometry:
+    """One QK-norm launch: ``vec`` 0 runs ``qknorm_kernel`` (one partial row of
+    the weight gradient per warp), else ``qknorm_rows_kernel`` at that pack
+    width (one per block); ``blocks`` of THREADS threads, ``smem`` bytes of
+    dynamic shared memory, a partial buffer of ``part_rows`` x ``part_cols``
+    float32 (backward with a weight; ``part_cols`` 0 otherwise)."""
+
+    dtype: str
+    interleaved: bool
+    backward: bool
+    vec: int
+    blocks: int
+    smem: int
+    part_rows: int
+    part_cols: int
+
+    @property
+    def kernel_name(self) -> str:
+        """The by-value kernel's name expression (the eager path's)."""
+        fn = loader.qknorm_rows_kernel_name if self.vec else loader.qknorm_kernel_name
+        return fn(self.dtype, self.interleaved, self.backward)
+
+    @property
+    def flat_name(self) -> str:
+        """Its flat entry's name expression (the JAX lowering's)."""
+        return loader.qknorm_flat_kernel_name(self.dtype, self.interleaved, self.vec,
+                                              self.backward)
+
+
+DW_PAD = 4  # floats after each dw row (kernels/qknorm.cuh kDwPad: no bank conflicts)
+
+
+def fast_rows_bytes(npairs, vec, part_cols):
+    """Shared bytes of the fast backward's dw rows: one per head row of each warp."""
+    return WARPS * (32 // (npairs // vec)) * (part_cols + DW_PAD) * 4
+
+
+def weight_lengths(call):
+    """The q and k weights' lengths (0 without one)."""
+    return [0 if w is None else w.shape[0] for w in call.winfos]
+
+
+def fast_vec(call, ins, out_infos, backward, part_cols):
+    """The fast path's pack width, or 0 where qknorm_kernel runs: the norm
+    per head, R = D, angles computed (no tables), every tensor aligned for
+    the widest packs, at most 32 lanes per head, shared memory within
+    SMEM_BUDGET; not the model modes' backward."""
+    cfg = call.config
+    npairs = cfg.rotary_dim // 2
+    widest = loader.vec_widths(call.dtype)[0]
+    if (call.over != "head" or cfg.rotary_dim != call.d or call.tables
+            or npairs % widest or npairs // widest > 32
+            or (backward and call.rounding != "exact")):
+        return 0
+    plans = engine.tensor_plans(ins, out_infos, call.layout)
+    if backward:
+        plans += [TensorPlan(x.ptr, x.ptr, canon_strides(x.strides, call.layout),
+                             canon_strides(x.strides, call.layout), p.heads)
+                  for x, p in zip(call.infos, plans)]
+    vec = pick_vec(call.dtype, plans, npairs, 0, call.b, call.s, (widest, 1))
+    need = WARPS * npairs * 8 + 8 * call.d + (
+        fast_rows_bytes(npairs, widest, part_cols) if backward else 0)
+    return widest if vec == widest and need <= SMEM_BUDGET else 0
+
+
+def geometry(call, ins, out_infos, backward, sms) -> Geometry:
+    """The launch for ``call`` on a GPU of ``sms`` multiprocessors: the fast
+    path when it applies (fast_vec), else qknorm_kernel; at most 8 (fast
+    path) or 4 blocks per multiprocessor, the warps taking the tokens in a
+    grid-stride loop."""
+    npairs = call.config.rotary_dim // 2
+    part_cols = sum(weight_lengths(call)) if backward else 0
+    vec = fast_vec(call, ins, out_infos, backward, part_cols)
+    warps = min(call.b * call.s, (8 if vec else 4) * WARPS * sms)
+    blocks = max(1, -(-warps // WARPS))
+    smem = WARPS * npairs * 8
+    if vec:
+        smem += 8 * call.d + (fast_rows_bytes(npairs, vec, part_cols) if backward else 0)
+    if smem > SMEM_BUDGET:
+        raise ValueError(f"rotary_dim {call.config.rotary_dim} is too large for the QK-norm "
+                         f"kernels: {smem} bytes of shared memory per block (at most "
+                         f"{SMEM_BUDGET})")
+    return Geometry(call.dtype, call.config.interleaved, backward, vec, blocks, smem,
+                    blocks if vec else blocks * WARPS, part_cols)
+
+
+def struct_fields(call, ins, out_infos, geo, *, inv_freq_ptr, stream_map_ptr, part_ptr):
+    """QkNormArgs by field name for ``call`` launched as ``geo``: ``ins`` are
+    q, k (forward) or grad_q, grad_k (backward), ``out_infos`` their outputs;
+    the pointers are the infos' own (0 for avals: XLA passes the buffers)."""
+    cfg, lay = call.config, call.layout
+    pos = engine.position_fields(cfg, call.pos_info) or (0, 0, 0, 0)
+    fields = dict(
+        in_ptr=[i.ptr for i in ins], out_ptr=[o.ptr for o in out_infos],
+        heads=[canon_sizes(i.shape, lay)[2] for i in ins], n_batch=call.b, n_seq=call.s,
+        head_dim=call.d, rot_dim=cfg.rotary_dim, inv_freq_ptr=inv_freq_ptr,
+        freq_sh=cfg.rotary_dim // 2 if cfg.per_head else 0, stream_map_ptr=stream_map_ptr,
+        scale=cfg.scale, sin_sign=1.0, offset=call.offset, pos_is64=pos[0],
+        pos_s_stream=pos[1], pos_sb=pos[2], pos_ss=pos[3],
+        pos_ptr=0 if call.pos_info is None else call.pos_info.ptr,
+        seq_off_ptr=0 if call.seq_info is None else call.seq_info.ptr,
+        seq_off_is64=int(call.seq_info is not None and call.seq_info.dtype == "int64"))
+    for side, infos in (("in", ins), ("out", out_infos)):
+        st = [canon_strides(i.strides, lay) for i in infos]
+        for n, name in enumerate(("sb", "ss", "sh")):
+            fields[f"{side}_{name}"] = [st[0][n], st[1][n]]
+    if call.tables:
+        cinfo, sinfo, (tsb, tss) = call.tables
+        fields.update(pos_ptr=cinfo.ptr, seq_off_ptr=sinfo.ptr, pos_sb=tsb, pos_ss=tss,
+                      offset=0, inv_freq_ptr=0)
+    xst = [canon_strides(i.strides, lay) for i in call.infos]
+    w, wlen = call.winfos, weight_lengths(call)
+    fields.update(
+        x_ptr=[i.ptr for i in call.infos], x_sb=[xst[0][0], xst[1][0]],
+        x_ss=[xst[0][1], xst[1][1]], x_sh=[xst[0][2], xst[1][2]],
+        w_ptr=[0 if x is None else x.ptr for x in w],
+        w_dtype=[0 if x is None else W_DTYPE[x.dtype] for x in w], w_col=[0, wlen[0]],
+        part_ptr=part_ptr, part_cols=geo.part_cols, norm_token=int(call.over == "token"),
+        rope_first=int(call.order == "rope_then_norm"),
+        rounding=qref.ROUNDINGS.index(call.rounding), table=int(call.tables is not None),
+        eps=call.eps, weight_offset=call.weight_offset)
+    return fields
+
+
+def pack(fields) -> bytes:
+    """QkNormArgs packed from its fields by name (struct_fields)."""
+    return args.pack_fields(QKNORM_ARGS_FIELDS, QKNORM_ARGS, "QkNormArgs", fields)
+
+
+def flat_words(packed) -> list[int]:
+    """The non-pointer words of a packed QkNormArgs in the flat entries'
+    order (FLAT_WORDS; the doubles as their bit patterns)."""
+    words = np.frombuffer(packed, dtype=np.int64)
+    return [int(words[i]) for i in FLAT_WORDS]
+
+
+def dw_launches(call, geo):
+    """The weight-gradient reductions of a backward launched as ``geo``: per
+    weight (q's, then k's; absent ones left out), (tensor index, grid blocks,
+    the scalar arguments of qknorm_dw_kernel between its part_ptr and
+    out_ptr (rows, stride, first column, columns), and its out_dtype).
+    Blocks of THREADS threads, one column per lane."""
+    out, wlen = [], weight_lengths(call)
+    for i, w in enumerate(call.winfos):
+        if w is None:
+            continue
+        col0 = 0 if i == 0 else wlen[0]
+        out.append((i, -(-wlen[i] // 32), (geo.part_rows, geo.part_cols, col0, wlen[i]),
+                    W_DTYPE[w.dtype]))
+    return out
+
+
+_WORKSPACE: dict = {}  # (device, stream) -> the backward's partial-sum buffer (grown, kept)
+
+
+def workspace(device, stream_ptr, n):
+    """A float32 CuPy buffer of at least n elements for (device, stream),
+    kept and reused (no allocation once warm: CUDA-graph capturable)."""
+    import cupy
+    buf = _WORKSPACE.get((device, stream_ptr))
+    if buf is None or buf.size < n:
+        with cupy.cuda.Device(device):
+            buf = cupy.empty(n, dtype=cupy.float32)
+        _WORKSPACE[(device, stream_ptr)] = buf
+    return buf
