@@ -238,7 +238,13 @@ def _bs(cfg, shape):
 @pytest.mark.parametrize("case", list(QK_CASES))
 def test_qk_norm_jit_forward_is_the_reference_rounded_once(case, dtype):
     """Under jit on the CPU backend: the eager NumPy backend's bits, which are
-    the float64 reference rounded once to the dtype."""
+    the float64 reference rounded once to the dtype (on the CPU also where a
+    GPU is the default device: the GPU's bounds are test_gpu_jax.py's)."""
+    with jax.default_device(jax.devices("cpu")[0]):
+        _forward_is_the_reference_rounded_once(case, dtype)
+
+
+def _forward_is_the_reference_rounded_once(case, dtype):
     cfg, q, k, kw = _qk_inputs(case, dtype, np.random.default_rng(10))
     arrays = {n: v for n, v in kw.items() if isinstance(v, jax.Array)}
     static = {n: v for n, v in kw.items() if n not in arrays}
