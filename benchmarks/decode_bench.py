@@ -17,9 +17,7 @@ positions int32 below 4096 (random). Rows:
 """
 import argparse
 import csv
-import json
 import os
-import subprocess
 import sys
 
 import torch
@@ -28,25 +26,16 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import cuprope  # noqa: E402
 from cuprope.cos_sin_cache import rotary_embedding  # noqa: E402
-from kvcache_bench import FI_DEFAULT, graph_us  # noqa: E402
+from kvcache_bench import FI_DEFAULT, flashinfer_lines, graph_us  # noqa: E402
 
 HQ, HK, D, MAXPOS = 32, 8, 128, 4096
 BATCHES = (1, 64, 256, 512, 1024)
 
 
 def flashinfer_decode(path):
-    """{B: in-place cos/sin-cache µs} of fi_bench_bin's S = 1 bf16 lines."""
-    if not os.path.exists(path):
-        print(f"(no FlashInfer binary at {path})")
-        return {}
-    out = subprocess.run([path], capture_output=True, text=True, timeout=300).stdout
-    rows = {}
-    for line in out.splitlines():
-        if line.startswith("{"):
-            r = json.loads(line)
-            if r.get("impl") == "flashinfer" and r.get("S") == 1 and r.get("dtype") == "bf16":
-                rows[r["B"]] = r
-    return rows
+    """{B: row} of fi_bench_bin's S = 1 bf16 lines (in-place cos/sin-cache µs)."""
+    return {r["B"]: r for r in flashinfer_lines(path)
+            if r.get("impl") == "flashinfer" and r.get("S") == 1 and r.get("dtype") == "bf16"}
 
 
 def main():

@@ -136,19 +136,19 @@ def run_case(kind, b, per_req, mode):
     return row
 
 
-def flashinfer_rows(path):
-    """{tokens: row} of fi_bench_bin's fused RoPE + fp8 + paged-append lines."""
+def flashinfer_lines(path):
+    """The JSON lines fi_bench_bin prints (one per case), or [] without the binary."""
     if not os.path.exists(path):
         print(f"(no FlashInfer binary at {path}: build it as ../shared/peers/README.md says)")
-        return {}
+        return []
     out = subprocess.run([path], capture_output=True, text=True, timeout=300).stdout
-    rows = {}
-    for line in out.splitlines():
-        if line.startswith("{"):
-            r = json.loads(line)
-            if r.get("impl") == "flashinfer_rope_fp8_paged_append":
-                rows[r["tokens"]] = r
-    return rows
+    return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+
+
+def flashinfer_rows(path):
+    """{tokens: row} of fi_bench_bin's fused RoPE + fp8 + paged-append lines."""
+    return {r["tokens"]: r for r in flashinfer_lines(path)
+            if r.get("impl") == "flashinfer_rope_fp8_paged_append"}
 
 
 def main():
