@@ -30,7 +30,7 @@ from ._core import engine, fastpath, validate
 from ._core.arrays import describe, overlaps
 from ._core.kvlaunch import pick_kv_vec, plan_kv
 from ._core.loader import KV_COS_SIN_F32, KV_COS_SIN_T
-from .kvcache import index_info, np_view, to_host
+from .kvcache_arrays import index_info, np_view, to_host
 
 __all__ = ["rotary_embedding"]
 

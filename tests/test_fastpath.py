@@ -1,5 +1,5 @@
 """The fast paths' host machinery without a GPU (cuprope/_core/fastpath.py,
-launch.PackedLaunch, driver.LaunchConfig): signature keys of torch tensors
+driver.PackedLaunch, driver.LaunchConfig): signature keys of torch tensors
 (CPU tensors let in with min_device=-1), overlap windows and their variants,
 the lookup, and pointer patching of packed argument structs."""
 import ctypes
@@ -158,7 +158,7 @@ def test_packed_launch_patches_pointers_into_both_structs(monkeypatch):
     patches = [("in_ptr0", 0, 0), ("in_ptr1", 1, 0), ("pos_ptr", 2, 0), ("k_cache", 3, 0),
                ("v_cache", 3, 4096), ("k_scale", 4, 0)]
     fn = FakeFunc()
-    pl = launch.PackedLaunch(0, fn, (3, 1, 1), (128, 1, 1), 512,
+    pl = driver.PackedLaunch(0, fn, (3, 1, 1), (128, 1, 1), 512,
                              [(ra, args.ARGS_DTYPE), (ka, args.KV_ARGS_DTYPE)],
                              [(kvlaunch.kv_slot(f), i, a) for f, i, a in patches])
     for call, ptrs in enumerate(([11, 22, 33, 44000, 55], [1, 2, 3, 4, 0])):

@@ -16,7 +16,7 @@ One implementation serves every entry point with a fast path: the core
 * ``ticket(fw, header, arrays, pairs)``: the cache key (``header`` + each
   array's signature, None for an absent one) and the arrays' pointers;
 * ``remember(plans, ticket, spans, payload)``: after a validated general-path
-  launch, registers ``payload`` (a launch.PackedLaunch) under the key;
+  launch, registers ``payload`` (a driver.PackedLaunch) under the key;
 * ``lookup(plans, key, ptrs, current_device)``: the payload, or None.
 
 Overlap: ``pairs`` lists the (i, j) array pairs the general path checks for

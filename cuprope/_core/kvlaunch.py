@@ -5,7 +5,7 @@ rows) and the two argument structs, packed per call.
 The kernel takes a ``RopeArgs`` (q as tensor 0, k as tensor 1, their
 outputs, positions, the angle source) and a ``KvArgs`` (v, the caches, the
 cache addressing, fp8 scales, a cos_sin_cache). Both are packed into one
-buffer (launch.PackedLaunch), which the fast paths of ``cuprope.kvcache``
+buffer (driver.PackedLaunch), which the fast paths of ``cuprope.kvcache``
 and ``cuprope.cos_sin_cache`` keep and patch with each call's pointers.
 """
 from __future__ import annotations
@@ -14,7 +14,8 @@ import numpy as np
 
 from .args import (ARGS, ARGS_DTYPE, ARGS_SLOTS, KV_ARGS_DTYPE, KV_ARGS_FIELDS, pack_args,
                    pack_kv_args)
-from .launch import MAX_STEPS, PackedLaunch, grid_for, sm_count
+from .driver import PackedLaunch
+from .launch import MAX_STEPS, grid_for, sm_count
 from .loader import (ITEMSIZE, KV_ANGLE_TABLE_KERNEL, KV_ANGLES, KV_FAMILIES, MODULES,
                      SRC_SHARED, kv_family_of, kv_kernel_name, lrpe_vec_widths)
 

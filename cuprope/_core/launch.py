@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from .args import ARGS, ARGS_DTYPE, ARGS_SLOTS, pack_args
-from .driver import DRIVER, Stream
+from .driver import PackedLaunch
 from .loader import (ITEMSIZE, LRPE_ACTS, MODULES, SEQ_SLICES, SRC_PER_HEAD, SRC_SHARED,
                      SRC_TABLE, family_of, kernel_name, lrpe_vec_widths, seq_stats_kernel_name,
                      tuning, vec_widths)
@@ -198,61 +198,6 @@ _IN0, _OUT0 = ARGS_SLOTS["in_ptr"], ARGS_SLOTS["out_ptr"]
 _IN1, _OUT1 = _IN0 + 1, _OUT0 + 1
 _POS, _SEQ, _OFFSET = ARGS_SLOTS["pos_ptr"], ARGS_SLOTS["seq_off_ptr"], ARGS_SLOTS["offset"]
 _AUX, _STATS = ARGS_SLOTS["aux_ptr"], ARGS_SLOTS["stats_ptr"]
-
-
-class PackedLaunch:
-    """A kernel, its grid and its packed argument structs in one buffer
-    (``words``: its int64 view, where per-call fields are written), launched
-    through CuPy the first time and through the CUDA driver after that
-    (driver.Bound; a driver error falls back to CuPy, which raises clearly).
-
-    ``structs``: (bytes, NumPy dtype) per kernel parameter, in order.
-    ``patches``: (slot, index, addend) per pointer field ``run_patched`` fills
-    from a list of pointers (words[slot] = ptrs[index] + addend).
-
-    A launch belongs to one thread (its buffer is reused across launches; the
-    driver copies kernel arguments at launch)."""
-
-    __slots__ = ("device", "func", "grid", "block", "smem", "words", "patches", "_views",
-                 "_addrs", "_raw", "bound")
-
-    def __init__(self, device, func, grid, block, smem, structs, patches=()):
-        import ctypes
-        self.device, self.func, self.grid, self.block, self.smem = device, func, grid, block, smem
-        raw = bytearray(b"".join(bytes(b) for b, _ in structs))  # each launch owns its buffer
-        self._raw = raw
-        self.words = memoryview(raw).cast("q")
-        base = ctypes.addressof((ctypes.c_char * len(raw)).from_buffer(raw))
-        views, addrs, off = [], [], 0
-        for b, dt in structs:
-            views.append(np.frombuffer(raw, dtype=np.uint8, count=len(b), offset=off).view(dt))
-            addrs.append(base + off)
-            off += len(b)
-        self._views, self._addrs = tuple(views), tuple(addrs)
-        self.patches = tuple(patches)
-        self.bound = None
-
-    def run_patched(self, stream_ptr, ptrs):
-        w = self.words
-        for slot, i, add in self.patches:
-            w[slot] = ptrs[i] + add
-        b = self.bound
-        if b is None or b.stream != stream_ptr or b.call(*b.args):
-            self.launch(stream_ptr)
-
-    def launch(self, stream_ptr):
-        """Through the driver once this has launched once through CuPy."""
-        b = self.bound
-        if b is None or not b.launch(stream_ptr):
-            self.bound = None
-            self.func(self.grid, self.block, self._views, shared_mem=self.smem,
-                      stream=Stream(stream_ptr))
-            func = self.func
-            ptr = getattr(func, "ptr", None)
-            if ptr is None:  # a cupy RawKernel: its Function for the current device
-                ptr = func.kernel.ptr
-            self.bound = DRIVER.bind(int(ptr), self.grid, self.block, self.smem, self._addrs,
-                                     self._raw)
 
 
 class LaunchPlan(PackedLaunch):
