@@ -83,8 +83,9 @@ class Call:
 
 rope_p = Primitive("cuprope_rope")
 rope_p.multiple_results = True
-rope_p.def_abstract_eval(
-    lambda *args, call: [jax.core.ShapedArray(a.shape, a.dtype) for a in args[:call.n]])
+# the results keep their operands' avals (under shard_map: their varying
+# mesh axes, so jax.vjp accepts cotangents that vary over the mesh)
+rope_p.def_abstract_eval(lambda *args, call: [a.update(weak_type=False) for a in args[:call.n]])
 rope_p.def_impl(lambda *args, call: jax.jit(functools.partial(rope_p.bind, call=call))(*args))
 
 

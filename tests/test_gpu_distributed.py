@@ -1,7 +1,9 @@
 """Context parallelism across GPUs: one process per GPU (torch.distributed, NCCL),
 each rotating its load-balanced share of a long sequence with positions from
 cuprope.positions; the gathered result equals one rotation of the whole
-sequence. Skipped below two GPUs."""
+sequence; and the fused QK-norm + RoPE and KV append run per rank on each
+rank's own GPU and stream, equal to one GPU's results bit for bit. Skipped
+below two GPUs."""
 import os
 
 import numpy as np
@@ -14,7 +16,7 @@ pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not (torch.cuda.is_available() and torch.cuda.device_count() >= 2
                             and cuprope.gpu_available()),
-                       reason="needs two CUDA GPUs"),
+                       reason="needs two CUDA GPUs (issue 18)"),
 ]
 
 
@@ -56,3 +58,53 @@ def test_context_parallel_ranks_reassemble_the_full_rotation(tmp_path):
     mp.spawn(_worker, args=(world, port, 256, str(tmp_path)), nprocs=world, join=True)
     err = float(np.load(tmp_path / "err.npy").max())
     assert err < 0.05, err   # bf16 outputs vs a float64 rotation of the same bf16 inputs
+
+
+# ---------------------------------------------------------------- fused ops per rank (issue 18)
+
+FUSED = ("qknorm", "kvcache")
+
+
+def _fused_worker(rank, world, port, result_dir):
+    """Each rank: the fused QK-norm + RoPE forward/backward and the fused KV
+    append on its own GPU, on a side stream made current, on inputs of its own
+    seed. Rank 0 gathers every rank's output bytes (NCCL) and compares them with
+    the same calls made by this process on GPU 0 for each rank's seed."""
+    import torch.distributed as dist
+    from test_gpu_multi_device import run
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # never NVLink multicast on shared hosts
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world)
+    side = torch.cuda.Stream(rank)
+    with torch.cuda.stream(side):
+        outs = {c: run(c, f"cuda:{rank}", seed=100 + rank) for c in FUSED}
+    torch.cuda.current_stream().wait_stream(side)
+    report = []
+    for case in FUSED:
+        for name in sorted(outs[case]):
+            t = outs[case][name]
+            assert t.device.index == rank, (name, t.device)
+            mine = t.detach().contiguous().view(torch.uint8).flatten()
+            gathered = [torch.empty_like(mine) for _ in range(world)]
+            dist.all_gather(gathered, mine)
+            if rank == 0:
+                for r in range(world):
+                    want = run(case, "cuda:0", seed=100 + r)[name]
+                    want = want.detach().contiguous().view(torch.uint8).flatten()
+                    if not torch.equal(gathered[r].cpu(), want.cpu()):
+                        report.append(f"rank {r} {name}")
+    if rank == 0:
+        with open(os.path.join(result_dir, "fused.txt"), "w") as f:
+            f.write("\n".join(report) if report else "ok")
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def test_fused_qknorm_and_kv_append_per_rank_equal_one_gpu(tmp_path):
+    import torch.multiprocessing as mp
+    world = min(torch.cuda.device_count(), 4)
+    port = 29500 + (os.getpid() + 500) % 1000
+    mp.spawn(_fused_worker, args=(world, port, str(tmp_path)), nprocs=world, join=True)
+    result = (tmp_path / "fused.txt").read_text()
+    assert result == "ok", f"outputs differing from one GPU's: {result}"
