@@ -76,8 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
                          help="time only this dtype: bfloat16, float16 or float32 (default: "
                          "bfloat16 cases plus one float32 case)")
     p_bench.add_argument("--reps", type=_reps, default=15, metavar="N",
-                         help=f"timed repetitions per measurement, median reported: an integer from "
-                         f"1 to {MAX_REPS} (default 15)")
+                         help=f"timed repetitions per measurement, median reported: an integer "
+                         f"from 1 to {MAX_REPS} (default 15)")
     p_bench.add_argument("--no-peers", action="store_true",
                          help="time cuprope and the copy only (skip torch eager, torch.compile and "
                          "the cos/sin-table path)")

@@ -9,7 +9,7 @@ from typing import NamedTuple
 
 # cudaError_t values (CUDA runtime API) that say why no device is usable
 ERR_STUB_LIBRARY = 34          # cudaErrorStubLibrary: libcuda is the toolkit's stub, not a driver
-ERR_INSUFFICIENT_DRIVER = 35   # cudaErrorInsufficientDriver: no driver, or one older than the runtime
+ERR_INSUFFICIENT_DRIVER = 35   # cudaErrorInsufficientDriver: no driver, or one too old
 ERR_NO_DEVICE = 100            # cudaErrorNoDevice: a driver, but no device visible
 
 

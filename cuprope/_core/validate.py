@@ -88,11 +88,8 @@ def check_tensor(info, name, layout, rotary_dim, head_rows=None):
     if head_rows is not None:
         h = canon_sizes(info.shape, layout)[2]
         if head_rows != h:
-            s_len = canon_sizes(info.shape, layout)[1]
             raise ValueError(f"{name} has {h} heads but the per-head inv_freq table has "
-                             f"{head_rows} rows" + swapped_layout_hint(
-                                 layout, info.shape, "the table's rows match axis {seq}",
-                                 head_rows == s_len != h))
+                             f"{head_rows} rows")
 
 
 def check_same_kind(a, b, na, nb):
