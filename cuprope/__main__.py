@@ -24,7 +24,7 @@ class _Parser(argparse.ArgumentParser):
     """argparse with a one-line error: ``PROG: error: MESSAGE (see PROG --help)``.
     ``commands``: the subcommands' parsers, by name."""
 
-    commands: dict = {}
+    commands: dict  # set by build_parser on the top-level parser
 
     def error(self, message):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")

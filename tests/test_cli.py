@@ -209,3 +209,28 @@ def test_info_tells_the_cuda_states_apart(monkeypatch, kind, rt, words):
         assert "NumPy backend" not in text
     else:
         assert "GPU: none used: " in text and "the NumPy backend runs" in text
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(_machine_state() != "gpu", reason="no CUDA GPU visible (CuPy absent or no device)")
+@pytest.mark.parametrize("head_dim", [6, 128])
+def test_check_on_the_gpu_runs_the_kernels_at_every_valid_head_dim(head_dim):
+    r = cli("check", "--head-dim", str(head_dim))
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    assert r.stdout.startswith("cuprope check: CUDA kernels on GPU "), r.stdout
+    assert "36/36 configurations within budget" in r.stdout, r.stdout
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(_machine_state() != "gpu", reason="no CUDA GPU visible (CuPy absent or no device)")
+def test_bench_options_choose_the_dtype_the_peers_and_the_decode_line():
+    pytest.importorskip("torch")
+    r = cli("bench", "--dtype", "float32", "--reps", "2", "--no-peers", "--no-decode")
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    rows = [ln.split() for ln in r.stdout.splitlines()[2:]]
+    assert {(row[0], row[1]) for row in rows} == {
+        ("llama3-8b", "qk_fwd"), ("llama3-8b", "qk_inplace"), ("mha-d64", "qk_fwd"),
+        ("llama3-8b", "qkv_slices")}, r.stdout
+    assert {row[2] for row in rows} == {"fp32"} and {row[3] for row in rows} == {"copy", "cuprope"}
+    assert all(float(row[4]) > 0 for row in rows)
+    assert "decode" not in r.stdout

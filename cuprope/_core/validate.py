@@ -170,6 +170,7 @@ def check_indices(config, device, b, s, pos_info, seq_info, shape=None):
         pshapes = [(s,)] if n_str == 1 else [(n_str, s)]
     else:
         pshapes = [(s,), (b, s)] if n_str == 1 else [(n_str, s), (n_str, b, s)]
+
     def hint(got):
         if shape is None or config.layout not in OTHER_LAYOUT:
             return ""
@@ -177,6 +178,7 @@ def check_indices(config, device, b, s, pos_info, seq_info, shape=None):
         lead = () if n_str == 1 else (n_str,)
         return swapped_layout_hint(config.layout, shape, f"positions fit axis {{head}} ({h})",
                                    h != s and got in (lead + (h,), lead + (b, h)))
+
     if pos_info is not None:
         check_index(pos_info, "positions", device, pshapes, hint)
     if seq_info is not None:
