@@ -28,6 +28,40 @@ SHAPES = {
     "partial-r64": (4, 4096, 32, 8, 128, 64),
 }
 DECODE = (1, 1, 32, 8, 128, 128)
+
+HELP = """\
+Time cuprope's fused q/k RoPE on this machine's GPU: a few minutes at most.
+Needs a CUDA GPU and PyTorch built for CUDA; with no GPU it says why and
+exits 0 without timing anything. The full suite (CSV and plot) is
+benchmarks/bench_suite.py.
+
+What it times, q and k [B, S, H, D], cfg = RopeConfig(D) (R = D, half split):
+  qk_fwd      rope_qk_forward(q, k, cfg, out=(q_out, k_out)): out of place
+  qk_inplace  rope_qk_forward(q, k, cfg, inplace=True)
+  qkv_slices  qk_fwd on q and k that are slices of one packed qkv buffer
+on llama3-8b (B 4, S 4096, 32 q heads, 8 k heads, D 128) for all three and
+mha-d64 (B 8, S 2048, 16/16 heads, D 64) for qk_fwd; in bfloat16, plus
+llama3-8b qk_fwd in float32 (or every case in the one --dtype).
+
+Against what (the impl column), on the same inputs:
+  copy               a device-to-device copy of the bytes the op must move
+                     (the roofline: no RoPE can beat it)
+  cuprope            the call above
+  torch-eager        the HF transformers formula (rotate_half with cos/sin
+                     tables) in eager PyTorch
+  torch-compile      the same formula under torch.compile
+  cuprope-hf-tables  cuprope's kernel reading those cos/sin tables
+The last three on qk_fwd and qkv_slices only, and not with --no-peers;
+Liger, flash-attention and FlashInfer are noted as skipped, not timed.
+
+Columns: us = the median of --reps CUDA-event timings after warm-up (the
+host's launch overhead kept outside the interval); TB/s = the fewest bytes
+the op must move (each input read once, each output written once; cos/sin
+tables not counted) / time; /copy = copy time / op time (1.00: as fast as
+copying the same bytes). The last line (unless --no-decode): one decode
+token (B 1, S 1, 32/8 heads, D 128, in place), host us per call in a Python
+loop and kernel us per call in a CUDA graph replay.
+"""
 OPS = ("qk_fwd", "qk_bwd", "qk_inplace", "fwd", "qkv_slices")
 
 
@@ -294,16 +328,24 @@ def decode_host_and_kernel(dtype_name="bf16", batch=1, calls=2000):
     return host_us, kernel_us
 
 
-def short_suite(progress=True):
-    """A few minutes at most: the main shapes, bf16, forward q+k, against copy and torch."""
-    cases = [("llama3-8b", "qk_fwd", "bf16"), ("llama3-8b", "qk_inplace", "bf16"),
-             ("llama3-8b", "qk_fwd", "fp32"), ("mha-d64", "qk_fwd", "bf16"),
-             ("llama3-8b", "qkv_slices", "bf16")]
+SHORT_CASES = (("llama3-8b", "qk_fwd"), ("llama3-8b", "qk_inplace"), ("mha-d64", "qk_fwd"),
+               ("llama3-8b", "qkv_slices"))
+
+
+def short_suite(progress=True, dtype=None, reps=15, peers=True):
+    """A few minutes at most: the main shapes, forward q+k, against copy and
+    torch. ``dtype`` ("bf16", "fp16" or "fp32") times only that dtype; None
+    (default) bf16 for every case plus llama3-8b qk_fwd in fp32."""
+    if dtype is None:
+        cases = [(shape, op, "bf16") for shape, op in SHORT_CASES]
+        cases.insert(2, ("llama3-8b", "qk_fwd", "fp32"))
+    else:
+        cases = [(shape, op, dtype) for shape, op in SHORT_CASES]
     rows = []
     for n, (shape, op, dt) in enumerate(cases):
         if progress:
             _progress(n, len(cases), f"{shape} {op} {dt}")
-        rows += run_case(shape, SHAPES[shape], op, dt, peers=True, reps=15)
+        rows += run_case(shape, SHAPES[shape], op, dt, peers=peers, reps=reps)
     if progress:
         _progress(len(cases), len(cases), "done")
         print(file=sys.stderr)
@@ -325,17 +367,32 @@ def format_table(rows):
     return "\n".join(lines)
 
 
-def main_short():
-    import cuprope
-    if not cuprope.gpu_available():
-        print("cuprope bench: no CUDA GPU visible; nothing to time (the NumPy backend is a reference, "
-              "not a benchmark target)")
+def main_short(dtype=None, reps=15, peers=True, decode=True):
+    """``python -m cuprope bench`` (see HELP): 0 after timing, or with no GPU
+    (it says why, times nothing); 1 when a GPU is there but PyTorch cannot
+    use it."""
+    from .info import cuda_state
+    state = cuda_state()
+    if not state.usable:
+        print(f"cuprope bench: no CUDA GPU visible ({state.reason}); nothing to time (the NumPy "
+              f"backend is a reference, not a benchmark target)")
         return 0
-    torch = _torch()
+    try:
+        torch = _torch()
+    except ImportError:
+        print("cuprope bench: needs PyTorch (its CUDA events, tensors and the torch peers): "
+              "pip install torch", file=sys.stderr)
+        return 1
+    if not torch.cuda.is_available():
+        print(f"cuprope bench: PyTorch {torch.__version__} does not see the GPU (a CPU-only "
+              f"build?); install a CUDA build of torch", file=sys.stderr)
+        return 1
     print(f"cuprope bench on {torch.cuda.get_device_name()} (fused q+k, ratios to a device copy)")
-    rows = short_suite()
+    rows = short_suite(dtype=dtype, reps=reps, peers=peers)
     print(format_table(rows))
-    host, kern = decode_host_and_kernel()
-    print(f"decode (B 1, 32/8 heads, D 128, bf16, in-place): host {host:.1f} us/call, "
-          f"kernel {kern:.2f} us/call (graph replay)")
+    if decode:
+        dt = dtype or "bf16"
+        host, kern = decode_host_and_kernel(dt)
+        print(f"decode (B 1, 32/8 heads, D 128, {dt}, in-place): host {host:.1f} us/call, "
+              f"kernel {kern:.2f} us/call (graph replay)")
     return 0

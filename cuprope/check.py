@@ -13,6 +13,7 @@ from .api import rope_backward, rope_forward, rope_qk_forward
 from .config import LAYOUTS, RopeConfig
 
 DTYPES = ("float32", "float16", "bfloat16")
+MAX_HEAD_DIM = 1024  # the API takes larger heads; the cap keeps the check quick
 # relative error budget (× max|x|) per dtype: fp32 1e-6; fp16/bf16 half an ulp of |out| ≤ max|x|
 BUDGET = {"float32": 1e-6, "float16": 2.0 ** -10, "bfloat16": 2.0 ** -7}
 
@@ -34,9 +35,39 @@ def _expected(x64, cfg, inverse, positions, offset):
     return y.transpose(0, 2, 1, 3) if lay == "bhsd" else (y[0] if lay == "thd" else y)
 
 
-def run(use_gpu: bool | None = None, head_dim: int = 128, verbose: bool = True) -> bool:
-    from . import gpu_available
-    gpu = gpu_available() if use_gpu is None else use_gpu
+def head_dim_arg(value) -> int:
+    """``value`` (an int, or its decimal text) as a head dim the check runs:
+    an even integer from 4 to MAX_HEAD_DIM (4: the partial rows rotate
+    R = D/2 rounded down to even, which must be >= 2). ValueError otherwise."""
+    if isinstance(value, str):
+        try:
+            value = int(value.strip())
+        except ValueError:
+            raise ValueError(f"must be an even integer from 4 to {MAX_HEAD_DIM}, "
+                             f"got {value!r}") from None
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise ValueError(f"must be an even integer from 4 to {MAX_HEAD_DIM}, got {value!r}")
+    d = int(value)
+    if d % 2 or not 4 <= d <= MAX_HEAD_DIM:
+        raise ValueError(f"must be an even integer from 4 to {MAX_HEAD_DIM}, got {d}")
+    return d
+
+
+def run(use_gpu: bool | None = None, head_dim: int = 128, verbose: bool = True,
+        dtypes=DTYPES) -> bool:
+    """Check every configuration at ``head_dim`` (see :func:`head_dim_arg`)
+    for ``dtypes`` (names from DTYPES); True when every row is in budget.
+    ``use_gpu`` None: the GPU when one is usable, else the NumPy backend."""
+    from .info import cuda_state
+    try:
+        head_dim = head_dim_arg(head_dim)
+    except ValueError as e:
+        raise ValueError(f"head_dim {e}") from None
+    bad = [d for d in dtypes if d not in DTYPES]
+    if bad or not dtypes:
+        raise ValueError(f"dtypes must be names from {DTYPES}, got {tuple(dtypes)}")
+    state = cuda_state() if use_gpu is None else None
+    gpu = state.usable if use_gpu is None else use_gpu
     if gpu:
         import cupy
         dev = cupy.cuda.Device()
@@ -44,13 +75,14 @@ def run(use_gpu: bool | None = None, head_dim: int = 128, verbose: bool = True) 
         name = name.decode() if isinstance(name, bytes) else name
         backend = f"CUDA kernels on GPU {dev.id} ({name})"
     else:
-        backend = "NumPy backend (no CUDA GPU visible): host float64 reference, cast to each dtype"
+        why = "GPU not requested: --cpu" if state is None else state.reason
+        backend = f"NumPy backend ({why}): host float64 reference, cast to each dtype"
     rng = np.random.default_rng(0)
     rows, ok_all = [], True
     t0 = time.perf_counter()
     for dtype, interleaved, partial, layout in itertools.product(
-            DTYPES, (False, True), (False, True), LAYOUTS):
-        rot = head_dim // 2 if partial else head_dim
+            dtypes, (False, True), (False, True), LAYOUTS):
+        rot = head_dim // 4 * 2 if partial else head_dim
         cfg = RopeConfig(rot, interleaved=interleaved, layout=layout)
         shape = {"bshd": (2, 33, 4, head_dim), "bhsd": (2, 4, 33, head_dim),
                  "thd": (66, 4, head_dim)}[layout]

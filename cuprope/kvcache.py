@@ -104,14 +104,28 @@ def _caches(k_cache, v_cache, kv_cache, kv_layout, q, hk, d):
     pages, a, b, dd = c.shape[0], *c.shape[-3:]
     heads, page_size = (b, a) if kv_layout == "NHD" else (a, b)
     if heads != hk or dd != d:
-        raise ValueError(f"the cache holds {heads} heads of {dd} dims but k and v have {hk} of "
-                         f"{d}")
+        raise ValueError(_heads_mismatch(c.shape, kv_layout, hk, d))
     st = c.strides
     sa, sb = st[-3], st[-2]
     strides = (st[0], sa, sb) if kv_layout == "NHD" else (st[0], sb, sa)
     if len(infos) == 2:
         return infos[0], infos[1], (c.ptr, strides), (infos[1].ptr, strides), pages, page_size
     return c, None, (c.ptr, strides), (c.ptr + st[1] * c.itemsize, strides), pages, page_size
+
+
+def _heads_mismatch(shape, kv_layout, hk, d):
+    """The message for a cache whose heads or head dim are not k's: it names
+    ``kv_layout`` and the other value when the shape would fit it."""
+    a, b, dd = shape[-3:]
+    heads = b if kv_layout == "NHD" else a
+    dims = {"NHD": "[num_pages, page_size, Hk, D]", "HND": "[num_pages, Hk, page_size, D]"}
+    other = "HND" if kv_layout == "NHD" else "NHD"
+    msg = (f"the cache holds {heads} heads of {dd} dims as kv_layout={kv_layout!r} "
+           f"({dims[kv_layout]}) but k and v have {hk} heads of {d} dims")
+    if dd == d and (a if kv_layout == "NHD" else b) == hk:
+        msg += (f"; its shape {list(shape)} fits kv_layout={other!r} ({dims[other]}): pass "
+                f"kv_layout={other!r}")
+    return msg
 
 
 def _scale(x, name, device, sizes):

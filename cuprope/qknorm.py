@@ -163,7 +163,8 @@ class QkNormCall:
         self.tables = self._tables(tables, positions, seq_offsets)
         self.pos_info, self.seq_info = (None, None) if self.tables else (positions, seq_offsets)
         if not self.tables:
-            validate.check_indices(config, self.device, self.b, self.s, positions, seq_offsets)
+            validate.check_indices(config, self.device, self.b, self.s, positions, seq_offsets,
+                                   q.shape)
 
     def _weight(self, info, name, x):
         if info is None:

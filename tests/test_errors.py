@@ -520,3 +520,124 @@ def test_inf_at_position_zero_stays_inf_and_other_pairs_are_untouched(rng, inter
     touched[0, 0, 1, [i, j]] = True
     touched[1, 2, 0, 11] = True
     np.testing.assert_array_equal(y[~touched], clean[~touched])
+
+
+# --------------------------------------------------------------------------- errors a layout explains
+# A tensor in the other 4-dim layout than the config's cannot be told apart by its shape alone
+# (one tensor, no positions: [B, H, S, D] read as [B, S, H, D] is a valid shape). Where another
+# argument pins the sequence axis (positions, or q and k whose head counts differ), the error
+# names layout= and the layout that fits.
+def _other(layout):
+    return "bhsd" if layout == "bshd" else "bshd"
+
+
+def _as_layout(canon, layout):
+    """A [B, S, H, D] array in ``layout`` (bshd or bhsd), contiguous."""
+    return np.ascontiguousarray(canon if layout == "bshd" else canon.transpose(0, 2, 1, 3))
+
+
+@pytest.mark.parametrize("config_layout", ["bshd", "bhsd"])
+@pytest.mark.parametrize("per_batch", [False, True])
+def test_positions_that_fit_the_other_layouts_sequence_axis_name_layout(rng, config_layout,
+                                                                       per_batch):
+    data_layout = _other(config_layout)           # the data is in the layout the config is not
+    x = _as_layout(randn(rng, (B, S, H, D)), data_layout)
+    pos = np.arange(S) if not per_batch else np.tile(np.arange(S), (B, 1))
+    seq_axis, head_axis = (1, 2) if config_layout == "bshd" else (2, 1)
+    dims = {"bshd": r"\[B, S, H, D\]", "bhsd": r"\[B, H, S, D\]"}
+    want = (rf"^positions must have shape \[{H}\] or \[{B}, {H}\], got \[{'2, ' * per_batch}{S}\]; "
+            rf"layout='{config_layout}' reads {dims[config_layout]} \(S = axis {seq_axis}, "
+            rf"H = axis {head_axis}\) but positions fit axis {head_axis} \({S}\): "
+            rf"for {dims[data_layout]} tensors use RopeConfig\(\.\.\., layout='{data_layout}'\)$")
+    cfg = RopeConfig(D, layout=config_layout)
+    with pytest.raises(ValueError, match=want):
+        rope_forward(x, cfg, positions=pos)
+    with pytest.raises(ValueError, match=want):
+        rope_qk_forward(x, x.copy(), cfg, positions=pos)      # MHA: q and k agree on every axis
+    rope_forward(x, RopeConfig(D, layout=data_layout), positions=pos)   # the hinted layout runs
+
+
+def test_positions_that_fit_no_axis_do_not_suggest_a_layout(rng, x, cfg):
+    for pshape in [(S + 1,), (B, S + 1), (H + 1,)]:
+        with pytest.raises(ValueError, match=r"^positions must have shape") as e:
+            rope_forward(x, cfg, positions=np.zeros(pshape, np.int64))
+        assert "layout" not in str(e.value)
+
+
+@pytest.mark.parametrize("config_layout", ["bshd", "bhsd"])
+def test_gqa_q_and_k_in_the_other_layout_name_layout_without_positions(rng, config_layout):
+    data_layout = _other(config_layout)
+    q = _as_layout(randn(rng, (B, S, 4, D)), data_layout)
+    k = _as_layout(randn(rng, (B, S, 2, D)), data_layout)
+    seq_axis, head_axis = (1, 2) if config_layout == "bshd" else (2, 1)
+    want = (rf"^q and k must have the same batch and sequence sizes, got \({B}, 4\) and \({B}, 2\); "
+            rf"layout='{config_layout}' reads .* but q and k differ on axis {seq_axis} and agree on "
+            rf"axis {head_axis}: for .* tensors use RopeConfig\(\.\.\., layout='{data_layout}'\)$")
+    with pytest.raises(ValueError, match=want):
+        rope_qk_forward(q, k, RopeConfig(D, layout=config_layout))
+    rope_qk_forward(q, k, RopeConfig(D, layout=data_layout))
+
+
+def test_q_and_k_with_different_sequence_lengths_do_not_suggest_a_layout(rng, cfg):
+    q, k = randn(rng, (B, 5, H, D)), randn(rng, (B, 7, H, D))     # 5 heads vs 7: not GQA
+    with pytest.raises(ValueError, match=r"^q and k must have the same batch") as e:
+        rope_qk_forward(q, k, cfg)
+    assert "layout" not in str(e.value)
+
+
+@pytest.mark.parametrize("layout,shape,fits", [("bshd", (S, H, D), "'thd'"),
+                                               ("thd", (B, S, H, D), "'bshd' or 'bhsd'")])
+def test_wrong_rank_names_the_layout_that_reads_it(rng, layout, shape, fits):
+    with pytest.raises(ValueError, match=rf"for layout '{layout}', got shape .*; "
+                                         rf"RopeConfig\(\.\.\., layout={fits}\) reads a "
+                                         rf"{len(shape)}-dim tensor$"):
+        rope_forward(randn(rng, shape), RopeConfig(D, layout=layout))
+
+
+def test_positions_hint_under_jax_jit(rng):
+    jax = pytest.importorskip("jax")
+    import cuprope.jax as cjax
+    x = jax.numpy.asarray(_as_layout(randn(rng, (B, S, H, D)), "bhsd"))
+    with pytest.raises(ValueError, match=r"fit axis 2 \(5\): for \[B, H, S, D\] tensors use "
+                                         r"RopeConfig\(\.\.\., layout='bhsd'\)"):
+        jax.jit(lambda a, p: cjax.rope(a, RopeConfig(D), positions=p))(x, jax.numpy.arange(S))
+
+
+# --------------------------------------------------------------------------- kv_layout
+T, HQ, HK, KD, PAGE = 3, 4, 2, 8, 16
+
+
+def _append(rng, cache_shape, **kw):
+    from cuprope.kvcache import rope_append_kv
+    q, k, v = (randn(rng, (T, h, KD)) for h in (HQ, HK, HK))
+    cache = np.zeros(cache_shape, np.float32)
+    return rope_append_kv(q, k, v, RopeConfig(KD), np.arange(T), k_cache=cache,
+                          v_cache=cache.copy(), slot_mapping=np.arange(T), **kw)
+
+
+NHD = "[num_pages, page_size, Hk, D]"
+HND = "[num_pages, Hk, page_size, D]"
+
+
+@pytest.mark.parametrize("given,shape,other", [
+    ("NHD", (4, HK, PAGE, KD), "HND"),   # an HND cache with the default kv_layout
+    ("HND", (4, PAGE, HK, KD), "NHD"),
+])
+def test_cache_in_the_other_kv_layout_names_kv_layout_and_the_value_that_fits(rng, given, shape,
+                                                                              other):
+    dims = {"NHD": NHD, "HND": HND}
+    want = (f"the cache holds {PAGE} heads of {KD} dims as kv_layout='{given}' ({dims[given]}) but "
+            f"k and v have {HK} heads of {KD} dims; its shape {list(shape)} fits "
+            f"kv_layout='{other}' ({dims[other]}): pass kv_layout='{other}'")
+    kw = {} if given == "NHD" else {"kv_layout": given}
+    with pytest.raises(ValueError) as e:
+        _append(rng, shape, **kw)
+    assert str(e.value) == want
+    _append(rng, shape, kv_layout=other)          # the suggested value runs
+
+
+def test_cache_that_fits_no_kv_layout_names_kv_layout_without_a_suggestion(rng):
+    with pytest.raises(ValueError) as e:
+        _append(rng, (4, PAGE, HK + 1, KD))
+    assert str(e.value) == (f"the cache holds {HK + 1} heads of {KD} dims as kv_layout='NHD' "
+                            f"({NHD}) but k and v have {HK} heads of {KD} dims")

@@ -35,7 +35,8 @@ def rope_call(xs, names, config, inverse, positions, offset, seq_offsets, outs, 
     infos, out_infos, (b, s, d) = validate.validate_call(xs, names, config.layout,
                                                          config.rotary_dim, outs, inplace,
                                                          head_rows)
-    pos_info, seq_info = index_infos(config, infos[0].device, b, s, positions, seq_offsets)
+    pos_info, seq_info = index_infos(config, infos[0].device, b, s, positions, seq_offsets,
+                                     infos[0].shape)
     if all(i.size == 0 for i in infos):
         return empty_result(infos, out_infos)
     if infos[0].device < 0:
@@ -46,13 +47,13 @@ def rope_call(xs, names, config, inverse, positions, offset, seq_offsets, outs, 
                      (b, s, d), cache_key)
 
 
-def index_infos(config, device, b, s, positions, seq_offsets):
+def index_infos(config, device, b, s, positions, seq_offsets, shape=None):
     """(positions, seq_offsets) infos (None where not given), checked
-    against ``config`` and the tensors' device and (B, S)
-    (validate.check_indices)."""
+    against ``config`` and the tensors' device and (B, S), ``shape`` the
+    first tensor's (validate.check_indices)."""
     pos_info = None if positions is None else describe(positions, "positions")
     seq_info = None if seq_offsets is None else describe(seq_offsets, "seq_offsets")
-    validate.check_indices(config, device, b, s, pos_info, seq_info)
+    validate.check_indices(config, device, b, s, pos_info, seq_info, shape)
     return pos_info, seq_info
 
 

@@ -15,6 +15,23 @@ MAX_TOKENS = 2 ** 31 - 1    # the kernels index tokens in 32 bits
 MAX_POSITION = 2 ** 31 - 1  # angles are exact for |position| up to this
 
 
+OTHER_LAYOUT = {"bshd": "bhsd", "bhsd": "bshd"}
+
+
+def swapped_layout_hint(layout, shape, evidence, fits) -> str:
+    """When ``fits`` (an argument matches the tensors' sequence and head axes
+    swapped), a message tail naming ``layout=`` and the other 4-dim layout;
+    ``evidence`` says what matched, with ``{seq}`` / ``{head}`` standing for
+    the sequence / head axis numbers under ``layout``."""
+    other = OTHER_LAYOUT.get(layout)
+    if not fits or other is None:
+        return ""
+    seq, head = (1, 2) if layout == "bshd" else (2, 1)
+    return (f"; layout={layout!r} reads {DIMS[layout]} (S = axis {seq}, H = axis {head}) but "
+            f"{evidence.format(seq=seq, head=head)}: for {DIMS[other]} tensors use "
+            f"RopeConfig(..., layout={other!r})")
+
+
 def pair(out):
     """``out=`` of a q/k call as a tuple of two (None stays None)."""
     if out is None:
@@ -59,8 +76,11 @@ def check_tensor(info, name, layout, rotary_dim, head_rows=None):
     dim, and (per-head tables) one table row per head."""
     check_float(info, name)
     if len(info.shape) != ndim(layout):
+        fits = "'thd'" if len(info.shape) == 3 else "'bshd' or 'bhsd'"
+        hint = (f"; RopeConfig(..., layout={fits}) reads a {len(info.shape)}-dim tensor"
+                if len(info.shape) in (3, 4) else "")
         raise ValueError(f"{name} must be {DIMS[layout]} for layout {layout!r}, "
-                         f"got shape {tuple(info.shape)}")
+                         f"got shape {tuple(info.shape)}{hint}")
     d = info.shape[-1]
     if rotary_dim > d:
         raise ValueError(f"rotary_dim ({rotary_dim}) must be <= the head dim of {name} ({d})")
@@ -126,8 +146,9 @@ def check_overlaps(out_infos, infos, any_input=False):
         raise ValueError("the two outputs overlap")
 
 
-def check_index(info, name, device, shapes):
-    """An int32/int64 index tensor (positions, seq_offsets) of one of ``shapes``."""
+def check_index(info, name, device, shapes, hint=None):
+    """An int32/int64 index tensor (positions, seq_offsets) of one of
+    ``shapes``; ``hint(shape)``: a tail for the wrong-shape message."""
     if info.dtype not in INDEX_DTYPES:
         raise TypeError(f"{name} must have dtype int32 or int64, got {info.dtype}")
     if info.device != device:
@@ -136,19 +157,30 @@ def check_index(info, name, device, shapes):
         raise ValueError(f"{name} is on {where} but the tensors are on {there}")
     if tuple(info.shape) not in shapes:
         raise ValueError(f"{name} must have shape " + " or ".join(str(list(s)) for s in shapes)
-                         + f", got {list(info.shape)}")
+                         + f", got {list(info.shape)}" + (hint(tuple(info.shape)) if hint else ""))
 
 
-def check_indices(config, device, b, s, pos_info, seq_info):
+def check_indices(config, device, b, s, pos_info, seq_info, shape=None):
     """positions ``[S]``, ``[B, S]`` or ``[T]`` (with a leading stream axis
-    under a stream map) and seq_offsets ``[B]``, contiguous; either may be None."""
+    under a stream map) and seq_offsets ``[B]``, contiguous; either may be
+    None. ``shape``: the rotated tensor's, to name ``layout=`` when positions
+    fit its head axis instead of its sequence axis."""
     n_str = config.n_streams
     if config.layout == "thd":
         pshapes = [(s,)] if n_str == 1 else [(n_str, s)]
     else:
         pshapes = [(s,), (b, s)] if n_str == 1 else [(n_str, s), (n_str, b, s)]
+
+    def hint(got):
+        if shape is None or config.layout not in OTHER_LAYOUT:
+            return ""
+        h = canon_sizes(shape, config.layout)[2]
+        lead = () if n_str == 1 else (n_str,)
+        return swapped_layout_hint(config.layout, shape, f"positions fit axis {{head}} ({h})",
+                                   h != s and got in (lead + (h,), lead + (b, h)))
+
     if pos_info is not None:
-        check_index(pos_info, "positions", device, pshapes)
+        check_index(pos_info, "positions", device, pshapes, hint)
     if seq_info is not None:
         check_index(seq_info, "seq_offsets", device, [(b,)])
         if seq_info.strides[0] != 1 and b > 1:
@@ -180,8 +212,16 @@ def check_rotated(infos, names, layout, rotary_dim, head_rows=None):
         check_same_kind(q, k, *names)
         if (b, s) != canon_sizes(k.shape, layout)[:2]:
             what = "token count" if layout == "thd" else "batch and sequence sizes"
+            head = canon_sizes(q.shape, layout)[2]
+            seqs = (s, canon_sizes(k.shape, layout)[1])  # heads, if the layout is the other one
+            fits = (layout in OTHER_LAYOUT and len(k.shape) == 4 and q.shape[0] == k.shape[0]
+                    and head == canon_sizes(k.shape, layout)[2] and min(seqs) > 0
+                    and seqs[0] % seqs[1] == 0)
             raise ValueError(f"{names[0]} and {names[1]} must have the same {what}, "
-                             f"got {(b, s)} and {canon_sizes(k.shape, layout)[:2]}")
+                             f"got {(b, s)} and {canon_sizes(k.shape, layout)[:2]}"
+                             + swapped_layout_hint(layout, q.shape, f"{names[0]} and {names[1]} "
+                                                   "differ on axis {seq} and agree on axis {head}",
+                                                   fits))
         if k.shape[-1] != d:
             raise ValueError(f"{names[0]} and {names[1]} must have the same head dim, "
                              f"got {d} and {k.shape[-1]}")

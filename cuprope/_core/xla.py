@@ -58,7 +58,7 @@ def check_avals(call, avals):
         b, s, _ = validate.check_rotated(xs, names, cfg.layout, cfg.rotary_dim, rows)
         pos = rest[0] if call.has_pos else None
         seq = rest[-1] if call.has_seq else None
-        validate.check_indices(cfg, 0, b, s, pos, seq)
+        validate.check_indices(cfg, 0, b, s, pos, seq, xs[0].shape)
     elif call.kind == "table":
         if call.layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {LAYOUTS}, got {call.layout!r}")
