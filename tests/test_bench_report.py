@@ -1,0 +1,203 @@
+"""The benchmark suite's CSV, report and notebook 04 on the CPU (no GPU):
+
+* the committed benchmarks/results.csv has the suite's schema and a device in
+  every row; suite_rows writes and reads it back;
+* report.py marks each issue-25 target met / not met from the data (synthetic
+  rows on both sides of each bound), draws one PNG per family and prints the
+  Markdown; notebook 04 runs on the committed CSV;
+* benchmarks/bench_suite.py --help works without a GPU, a wrong family is
+  refused, and the measuring functions it calls exist.
+"""
+import csv
+import importlib
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+BENCH = ROOT / "benchmarks"
+CSV = BENCH / "results.csv"
+sys.path.insert(0, str(BENCH))
+
+import report  # noqa: E402
+import suite_rows  # noqa: E402
+
+
+def test_committed_csv_has_the_schema_and_a_device_in_every_row():
+    with open(CSV, newline="") as f:
+        header = next(csv.reader(f))
+    assert tuple(header) == suite_rows.COLUMNS
+    rows = suite_rows.read(CSV)
+    assert rows
+    assert all(r["device"] and r["commit"] for r in rows)
+    fams = {r["family"] for r in rows}
+    assert {"rotation", "qknorm", "kv", "decode", "host", "jax"} <= fams, fams
+    # every row has a time or a ratio, or is the reference of a ratio in its group (a
+    # converted row whose old CSV kept only ratios); fractions of copy are fractions
+    key = lambda r: (r["family"], r["op"], r["case"], r["dtype"], r["device"])  # noqa: E731
+    refs = {key(r) + (r["ratio_to"],) for r in rows if r["ratio"] is not None}
+    assert all(r["us"] is not None or r["ratio"] is not None or key(r) + (r["impl"],) in refs
+               for r in rows)
+    assert all(0 < r["frac_copy"] < 1.5 for r in rows if r["frac_copy"] is not None)
+
+
+def test_read_refuses_a_missing_column_and_a_row_without_device(tmp_path):
+    p = tmp_path / "bad.csv"
+    p.write_text("family,op\nrotation,qk_fwd\n")
+    with pytest.raises(ValueError, match="missing"):
+        suite_rows.read(p)
+    rows = suite_rows.finish([suite_rows.make("rotation", "qk_fwd", "c", "bf16", "copy", 1.0)],
+                             "", "abc")
+    suite_rows.write(rows, p)
+    with pytest.raises(ValueError, match="no device"):
+        suite_rows.read(p)
+
+
+def _rows(**v):
+    """Synthetic rows covering every target; v overrides cuprope's µs per group."""
+    m = suite_rows.make
+    rows = []
+    for fam, op, case, dt, copy, ours, peers in (
+            ("qknorm", "fwd", "q", "bf16", 90.0, v.get("qk_fwd", 95.0), {}),
+            ("qknorm", "bwd", "q", "bf16", 85.0, 95.0, {}),
+            ("qknorm", "fwd autograd", "q", "bf16", None, 100.0, {"torch-compile": 125.0}),
+            ("qknorm", "fwd+bwd autograd", "q", "bf16", None, 100.0, {"torch-compile": 130.0}),
+            ("kv", "append", "decode B 1", "fp8qkv", 1.0, v.get("kv_b1", 2.0),
+             {"flashinfer": 2.4}),
+            ("kv", "append", "prefill 16384", "fp8qkv", 86.0, 100.0, {"flashinfer": 140.0}),
+            ("decode", "rope_qk in place", "B 1", "bf16", 1.0, 1.5,
+             {"flashinfer-cos-sin-cache": 1.6}),
+            ("rotation", "qk_fwd", "llama3-8b", "bf16", 98.0, 100.0, {"torch-compile": 106.0}),
+            ("jax", "rope_qk fwd", "llama3-8b", "bf16", None, 100.0, {"xla": 111.0})):
+        ours_impl = "cuprope-jit" if fam == "jax" else "cuprope"
+        if copy is not None:
+            rows.append(m(fam, op, case, dt, "copy", copy))
+        rows.append(m(fam, op, case, dt, ours_impl, ours))
+        rows += [m(fam, op, case, dt, p, us, ratio_to=ours_impl) for p, us in peers.items()]
+    rows += [m("host", "torch mul_", "B 8", "bf16", "torch-mul_", 10.0, ratio=1.0),
+             m("host", "rope_qk_forward in place, positions int32 [B,1]", "B 8", "bf16",
+               "cuprope", 12.0, ratio=v.get("host", 1.2), ratio_to="torch-mul_")]
+    return suite_rows.finish(rows, "TEST GPU", "deadbee")
+
+
+def _status(rows):
+    return {e["target"].split(" >=")[0].split(" <=")[0]: e["status"] for e in report.evaluate(rows)}
+
+
+def test_every_target_met_on_rows_past_every_bound():
+    st = _status(_rows())
+    assert len(st) == len(report.TARGETS)
+    assert set(st.values()) == {"met"}, st
+
+
+@pytest.mark.parametrize("override, target", [
+    (dict(qk_fwd=101.0), "QK-norm + RoPE forward, fraction of copy"),
+    (dict(kv_b1=2.5), "KV append at decode"),
+    (dict(host=1.31), "Host time per call"),
+])
+def test_a_row_past_its_bound_is_not_met(override, target):
+    st = _status(_rows(**override))
+    hit = [k for k in st if k.startswith(target)]
+    assert hit and all(st[k] == "not met" for k in hit), st
+    assert sum(s == "not met" for s in st.values()) == 1, st
+
+
+def test_a_missing_peer_is_incomplete_not_met_and_no_rows_is_no_data():
+    rows = [r for r in _rows() if not (r["family"] == "decode" and r["impl"].startswith("flash"))]
+    st = _status(rows)
+    assert st["Plain RoPE at decode ≤ FlashInfer cos/sin cache (its µs / ours), B 1–1024"] == \
+        "no data"
+    rows = _rows() + suite_rows.finish([suite_rows.make("decode", "rope_qk in place", "B 64",
+                                                        "bf16", "cuprope", 1.0)], "TEST GPU", "x")
+    assert _status(rows)["Plain RoPE at decode ≤ FlashInfer cos/sin cache (its µs / ours), "
+                         "B 1–1024"] == "incomplete"
+
+
+def test_ratio_rows_count_when_the_old_csv_kept_no_us():
+    rows = suite_rows.finish([
+        suite_rows.make("qknorm", "fwd autograd", "q", "bf16", "cuprope", None),
+        suite_rows.make("qknorm", "fwd autograd", "q", "bf16", "torch-compile", None, ratio=0.9,
+                        ratio_to="cuprope")], "G", "c")
+    e = [x for x in report.evaluate(rows) if x["target"].startswith("QK-norm + RoPE forward vs")]
+    assert e[0]["status"] == "not met" and e[0]["value"] == pytest.approx(0.9)
+
+
+def test_report_draws_one_png_per_family_and_prints_every_target(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    assert report.main([str(CSV), "--figures", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    rows = report.load(CSV)
+    fams = {r["family"] for r in rows}
+    pngs = {p.stem for p in tmp_path.glob("*.png")}
+    assert pngs == fams
+    assert all((tmp_path / f"{f}.png").stat().st_size > 5000 for f in fams)
+    for text, *_ in report.TARGETS:
+        assert text in out
+    assert out.count("**met**") + out.count("**not met**") + out.count("**incomplete**") + \
+        out.count("**no data**") == len(report.TARGETS)
+
+
+def test_bench_suite_help_works_without_a_gpu():
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
+    r = subprocess.run([sys.executable, str(BENCH / "bench_suite.py"), "--help"], env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    for opt in ("--only", "--quick", "--fi-bin", "--out"):
+        assert opt in r.stdout
+    r = subprocess.run([sys.executable, str(BENCH / "bench_suite.py"), "--only", "nope"],
+                       env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and "unknown families" in r.stderr
+
+
+def test_bench_suite_without_a_gpu_says_so(tmp_path):
+    pytest.importorskip("torch")
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
+    out = tmp_path / "r.csv"
+    r = subprocess.run([sys.executable, str(BENCH / "bench_suite.py"), "--only", "rotation",
+                        "--out", str(out)], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and "no CUDA GPU" in r.stderr
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("module, names", [
+    ("qknorm_bench", ("measure", "SHAPES", "DTYPES")),
+    ("kvcache_bench", ("run_case", "flashinfer_lines", "flashinfer_rows", "CASES", "MODES")),
+    ("decode_bench", ("measure", "flashinfer_decode", "BATCHES")),
+    ("host_overhead", ("decode_rows", "measure", "cupy_rows")),
+    ("jax_bench", ("measure", "SHAPES")),
+    ("jax_qknorm_bench", ("measure", "SHAPES")),
+    ("suite_fused", ("qknorm", "kv", "decode", "host", "jax_calls")),
+])
+def test_the_measuring_functions_the_suite_calls_exist(module, names):
+    pytest.importorskip("torch")
+    if module.startswith("jax"):
+        pytest.importorskip("jax")
+    sys.path.insert(0, str(ROOT))
+    mod = importlib.import_module(module)
+    for n in names:
+        assert callable(getattr(mod, n)) or getattr(mod, n), f"{module}.{n}"
+
+
+def test_notebook_04_runs_on_the_committed_csv():
+    try:
+        import nbformat
+        from nbclient import NotebookClient
+        importlib.import_module("ipykernel")
+        importlib.import_module("matplotlib")
+    except Exception as e:  # noqa: BLE001
+        if os.environ.get("CUPROPE_REQUIRE_NOTEBOOKS") == "1":
+            pytest.fail(f"notebook 04 needs nbformat/nbclient/ipykernel/matplotlib: {e}")
+        pytest.skip(f"notebook 04 needs nbformat/nbclient/ipykernel/matplotlib: {e}")
+    nb = nbformat.read(ROOT / "notebooks" / "04_performance.ipynb", as_version=4)
+    src = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
+    assert "results.csv" in src and "report.evaluate" in src
+    nb.cells = [c for c in nb.cells if "gpu" not in c.get("metadata", {}).get("tags", [])]
+    NotebookClient(nb, timeout=300, kernel_name="python3",
+                   resources={"metadata": {"path": str(ROOT / "notebooks")}}).execute()
+    outs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
+    assert not [o for o in outs if o.get("output_type") == "error"]
+    md = [o["data"]["text/markdown"] for o in outs if "text/markdown" in o.get("data", {})]
+    assert any("| target | status |" in m for m in md)
