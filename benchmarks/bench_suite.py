@@ -319,14 +319,15 @@ def main(argv=None):
     ctx = Ctx(args)
     fams = families()
     rows, failed = [], []
+    commit = commit_id()
     for fam in only:
         try:
             rows += fams[fam](ctx)
         except Exception:
             failed.append(fam)
             print(f"bench_suite: family {fam} failed:\n{traceback.format_exc()}", file=sys.stderr)
-    suite_rows.finish(rows, device, commit_id())
-    suite_rows.write(rows, args.out)
+        suite_rows.finish(rows, device, commit)
+        suite_rows.write(rows, args.out)  # after every family: a cut-off run keeps what it timed
     print(f"wrote {len(rows)} rows on {device} to {args.out}", file=sys.stderr)
     if not args.no_report and rows:
         import report

@@ -201,3 +201,115 @@ def test_notebook_04_runs_on_the_committed_csv():
     assert not [o for o in outs if o.get("output_type") == "error"]
     md = [o["data"]["text/markdown"] for o in outs if "text/markdown" in o.get("data", {})]
     assert any("| target | status |" in m for m in md)
+
+
+class _Ctx:
+    """bench_suite.Ctx's interface, with FlashInfer lines given."""
+    quick, cases, dtypes = False, [], []
+
+    def __init__(self, fi):
+        self._fi = fi
+
+    def want_case(self, name):
+        return True
+
+    def dts(self, default):
+        return list(default)
+
+    def fi_lines(self):
+        return self._fi
+
+    def fi_note(self):
+        return "" if self._fi else "FlashInfer not run (no fi_bench_bin)"
+
+    note = progress = staticmethod(lambda msg: None)
+
+
+def _fake_modules(monkeypatch):
+    """Stand-ins for the GPU measuring modules, returning what the real ones return."""
+    import types
+    mods = {}
+    qb = types.SimpleNamespace(SHAPES={"llama": ("Llama-3-8B prefill", 4, 4096, 32, 8, 128),
+                                       "qwen3": ("Qwen3-8B prefill", 4, 4096, 32, 8, 128)},
+                               DTYPES={"bf16": 0, "fp16": 1, "fp32": 2})
+    qb.measure = lambda *a, reps=30: dict(
+        copy_f=9e-5, copy_b=1.3e-4, fwd=1e-4, bwd=1.5e-4, fused_f=1.1e-4, fused_fb=3e-4,
+        hf_f=1.2e-4, hf_fb=3.3e-4, unf_f=4e-4, unf_fb=6e-4, liger_f=1.5e-4, liger_fb=4e-4,
+        bytes_f=2 ** 28, bytes_b=3 * 2 ** 27)
+    mods["qknorm_bench"] = qb
+    kb = types.SimpleNamespace(HQ=32, HK=8, D=128, PAGE=16, MODES=("bf16", "fp8kv", "fp8qkv"),
+                               CASES=[("decode", 1, 1), ("prefill", 1, 16384)])
+    kb.run_case = lambda kind, b, per, mode: dict(
+        case=kind, B=b, tokens=b * per, mode=mode, MB=1.0, bytes=2 ** 20, copy_us=1.0,
+        fused_us=2.0, table_us=1.9, unfused_us=5.0)
+    kb.flashinfer_rows = lambda lines: {r["tokens"]: r for r in lines
+                                        if r.get("impl") == "flashinfer_rope_fp8_paged_append"}
+    mods["kvcache_bench"] = kb
+    db = types.SimpleNamespace(HQ=32, HK=8, D=128, BATCHES=(1, 64))
+    db.measure = lambda batches: [dict(B=b, bytes=4096 * b, copy_us=1.0, core_us=1.5,
+                                       core_table_us=1.8, csc_us=1.9) for b in batches]
+    db.flashinfer_decode = lambda lines: {r["B"]: r for r in lines if r.get("S") == 1}
+    mods["decode_bench"] = db
+    ho = types.SimpleNamespace()
+    ho.decode_rows = lambda: [("torch mul_ (one eager op)", None),
+                              ("rope_qk_forward in place, positions int32 [B,1]", None)]
+    ho.cupy_rows = lambda: [("cupy rope_qk_forward in place (fp32)", None)]
+    ho.measure = lambda rows, calls, blocks: {n: [10.0 + i] * blocks for i, (n, _) in
+                                              enumerate(rows)}
+    mods["host_overhead"] = ho
+    jb = types.SimpleNamespace(SHAPES={"llama3-8b": (), "decode-b1": ()})
+    jb.measure = lambda dt, name, reps, rounds: dict(xla_fwd=110.0, cuprope_jit_fwd=100.0,
+                                                     torch_fwd=90.0, xla_grad=300.0,
+                                                     cuprope_jit_grad=280.0)
+    mods["jax_bench"] = jb
+    jq = types.SimpleNamespace(SHAPES={"qwen3-8b prefill": ()})
+    jq.measure = lambda name, dt, reps, rounds: dict(xla=300.0, ours=150.0, xla_step=570.0,
+                                                     ours_step=550.0)
+    mods["jax_qknorm_bench"] = jq
+    for k, v in mods.items():
+        monkeypatch.setitem(sys.modules, k, v)
+
+
+FI_LINES = [
+    {"impl": "flashinfer", "dtype": "bf16", "B": 1, "S": 1, "Hq": 32, "Hk": 8, "D": 128,
+     "bytes": 20480, "copy_us": 1.0, "computed_us": 1.5, "cache_us": 1.4, "cache_inplace_us": 1.6,
+     "ratio_computed": 0.6, "ratio_cache": 0.7, "ratio_cache_inplace": 0.6, "err": "no error"},
+    {"impl": "flashinfer_rope_fp8_paged_append", "B": 1, "tokens": 1, "Hq": 32, "Hk": 8,
+     "D": 128, "bytes": 100, "copy_us": 1.0, "fused_us": 2.4, "ratio": 0.41, "err": "no error"}]
+
+
+@pytest.mark.parametrize("fi", [FI_LINES, []], ids=["with FlashInfer", "without FlashInfer"])
+def test_suite_families_turn_measurements_into_schema_rows(monkeypatch, tmp_path, fi):
+    _fake_modules(monkeypatch)
+    monkeypatch.delitem(sys.modules, "suite_fused", raising=False)
+    import suite_fused
+    ctx = _Ctx(fi)
+    rows = []
+    for fam in (suite_fused.qknorm, suite_fused.kv, suite_fused.decode, suite_fused.host,
+                suite_fused.jax_calls):
+        rows += fam(ctx)
+    suite_rows.finish(rows, "TEST GPU", "deadbee")
+    p = tmp_path / "r.csv"
+    suite_rows.write(rows, p)
+    back = suite_rows.read(p)
+    assert len(back) == len(rows)
+    assert {r["family"] for r in back} == {"qknorm", "kv", "decode", "host", "jax"}
+    fwd = [r for r in back if r["family"] == "qknorm" and r["op"] == "fwd" and
+           r["impl"] == "cuprope"]
+    assert fwd[0]["frac_copy"] == pytest.approx(0.9) and fwd[0]["us"] == pytest.approx(100.0)
+    tc = [r for r in back if r["op"] == "fwd autograd" and r["impl"] == "torch-compile"]
+    assert tc[0]["ratio"] == pytest.approx(120 / 110)
+    host = [r for r in back if r["family"] == "host" and r["impl"] == "cuprope"]
+    assert [round(r["ratio"], 3) for r in host] == [round(11 / 10, 3), round(12 / 10, 3)]
+    st = {e["target"]: e for e in report.evaluate(back)}
+    kv = next(e for t, e in st.items() if t.startswith("KV append at decode"))
+    dec = next(e for t, e in st.items() if t.startswith("Plain RoPE at decode"))
+    if fi:
+        assert kv["status"] == "met" and kv["value"] == pytest.approx(1.2)
+        assert dec["status"] == "incomplete"  # fi_bench_bin has B 1, not B 64
+        assert any(r["impl"] == "flashinfer" and r["frac_copy"] == pytest.approx(0.41)
+                   for r in back)
+    else:
+        assert kv["status"] == dec["status"] == "no data"
+        assert not any(r["impl"].startswith("flashinfer") for r in back)
+        assert any("FlashInfer not run" in r["note"] for r in back if r["family"] == "kv")
