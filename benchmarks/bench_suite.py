@@ -77,17 +77,27 @@ class Ctx:
         if self._fi is None:
             from kvcache_bench import flashinfer_lines
             progress(f"FlashInfer: running {self.fi_bin}")
-            self._fi = flashinfer_lines(self.fi_bin)
+            try:
+                lines = flashinfer_lines(self.fi_bin)
+            except (RuntimeError, OSError, subprocess.TimeoutExpired) as e:
+                self._why = f"fi_bench_bin failed: {str(e)[:200]}"
+                lines = []
+            else:
+                self._why = (f"no fi_bench_bin at {self.fi_bin!r} (build it as "
+                             "../shared/peers/README.md says, pass --fi-bin)")
+            bad = [x for x in lines if x.get("err", "no error") != "no error" or "error" in x]
+            for x in bad:
+                note(f"FlashInfer line dropped (CUDA error): {x}")
+            self._fi = [x for x in lines if x not in bad]
             if not self._fi:
-                note(f"FlashInfer rows skipped: no fi_bench_bin at {self.fi_bin!r} (build it as "
-                     "../shared/peers/README.md says, pass --fi-bin)")
+                note(f"FlashInfer rows skipped: {self._why}")
         return self._fi
 
     note = staticmethod(lambda msg: note(msg))
     progress = staticmethod(lambda msg: progress(msg))
 
     def fi_note(self):
-        return "" if self.fi_lines() else "FlashInfer not run (no fi_bench_bin)"
+        return "" if self.fi_lines() else f"FlashInfer not run ({self._why})"
 
 
 _NOTES = []

@@ -34,12 +34,7 @@ from cuprope import kvcache  # noqa: E402
 HQ, HK, D, PAGE, CTX = 32, 8, 128, 16, 512
 CASES = [("decode", b, 1) for b in (1, 64, 256, 1024)] + [("prefill", 1, 16384)]
 MODES = ("bf16", "fp8kv", "fp8qkv")
-_HERE = os.path.dirname(os.path.abspath(__file__))
-# ../shared/peers/fi_bench_bin (its README's build command), else build/fi_bench_bin (ignored
-# by git: carry it to the device)
-FI_PATHS = (os.path.join(_HERE, "..", "..", "shared", "peers", "fi_bench_bin"),
-            os.path.join(_HERE, "..", "build", "fi_bench_bin"))
-FI_DEFAULT = next((p for p in FI_PATHS if os.path.exists(p)), FI_PATHS[0])
+
 
 
 def graph_us(fn, n=50):

@@ -9,6 +9,7 @@
   refused, and the measuring functions it calls exist.
 """
 import csv
+import json
 import importlib
 import os
 import pathlib
@@ -313,3 +314,66 @@ def test_suite_families_turn_measurements_into_schema_rows(monkeypatch, tmp_path
         assert kv["status"] == dec["status"] == "no data"
         assert not any(r["impl"].startswith("flashinfer") for r in back)
         assert any("FlashInfer not run" in r["note"] for r in back if r["family"] == "kv")
+
+
+def _suite_ctx(fi_bin, quick=True):
+    import argparse
+
+    import bench_suite
+    return bench_suite.Ctx(argparse.Namespace(quick=quick, cases="", dtypes="", fi_bin=fi_bin))
+
+
+def test_flashinfer_lines_from_the_binary_absent_or_failing(tmp_path):
+    pytest.importorskip("torch")  # kvcache_bench imports torch
+    ctx = _suite_ctx(str(tmp_path / "nope"))
+    assert ctx.fi_lines() == [] and "no fi_bench_bin" in ctx.fi_note()
+    fake = tmp_path / "fi_bench_bin"
+    good = json.dumps(FI_LINES[1])
+    bad = json.dumps(dict(FI_LINES[0], err="an illegal memory access was encountered"))
+    fake.write_text(f"#!/bin/sh\necho '{good}'\necho '{bad}'\necho 'not json'\n")
+    fake.chmod(0o755)
+    ctx = _suite_ctx(str(fake))
+    assert ctx.fi_lines() == [FI_LINES[1]] and ctx.fi_note() == ""
+    fake.write_text("#!/bin/sh\necho boom >&2\nexit 3\n")
+    ctx = _suite_ctx(str(fake))
+    assert ctx.fi_lines() == [] and "exited with 3" in ctx.fi_note()
+
+
+def test_rotation_and_schemes_families_rows(monkeypatch):
+    import bench_suite
+
+    import cuprope.bench as cb
+    shape = cb.SHAPES["llama3-8b"]
+
+    def run_case(name, shp, op, dt, peers=True, reps=30):
+        rows = [cb.Row(name, op, dt, "copy", shp, 1000, 1e-4, 1e-4),
+                cb.Row(name, op, dt, "cuprope", shp, 1000, 1.02e-4, 1e-4)]
+        if peers:
+            rows.append(cb.Row(name, op, dt, "torch-compile", shp, 1000, 1.1e-4, 1e-4))
+        return rows
+
+    def run_scheme_case(name, shp, op, dt, reps=30):
+        return [cb.Row(name, op, dt, "copy", shp, 1000, 1e-4, 1e-4),
+                cb.Row(name, op, dt, "cuprope", shp, 1000, 1.25e-4, 1e-4)]
+    monkeypatch.setattr(cb, "run_case", run_case)
+    monkeypatch.setattr(cb, "run_scheme_case", run_scheme_case)
+    monkeypatch.setattr(bench_suite, "_liger_rotation", lambda *a: [])
+    fi = dict(FI_LINES[0], S=4096, B=4, bytes=1000, computed_us=120.0, cache_us=90.0,
+              ratio_computed=0.8, ratio_cache=0.95)
+    ctx = _suite_ctx("")
+    ctx._fi = [fi]
+    rows = bench_suite.rotation(ctx) + bench_suite.schemes(ctx)
+    suite_rows.finish(rows, "TEST GPU", "c")
+    rot = [r for r in rows if r["family"] == "rotation"]
+    assert {r["case"] for r in rot} == set(bench_suite.QUICK_CASES)
+    assert {r["op"] for r in rot} == {"qk_fwd", "qk_bwd"}
+    ours = [r for r in rot if r["impl"] == "cuprope"]
+    assert all(r["frac_copy"] == pytest.approx(1 / 1.02) for r in ours)
+    tc = [r for r in rot if r["impl"] == "torch-compile"]
+    assert tc and all(r["op"] == "qk_fwd" and r["ratio"] == pytest.approx(110 / 102) for r in tc)
+    f = [r for r in rot if r["impl"].startswith("flashinfer")]
+    assert [(r["case"], r["impl"], r["frac_copy"]) for r in f] == [
+        ("llama3-8b", "flashinfer", 0.8), ("llama3-8b", "flashinfer-cos-sin-cache", 0.95)]
+    assert f[0]["ratio"] == pytest.approx(120 / 102)
+    assert {r["family"] for r in rows} == {"rotation", "schemes", "lrpe"}
+    assert rot[0]["shape"] == "B {} S {} Hq {} Hk {} D {}".format(*shape[:5])
