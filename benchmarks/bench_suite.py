@@ -309,15 +309,35 @@ def parse_args(argv=None):
     ap.add_argument("--cases", default="", help="only cases whose name contains one of these")
     ap.add_argument("--dtypes", default="", help="only these dtypes (bf16,fp16,fp32)")
     ap.add_argument("--no-report", action="store_true", help="do not print the targets table")
+    ap.add_argument("--merge", nargs="+", metavar="CSV", help="no timing: join CSVs of earlier "
+                    "runs on one device (e.g. families run in separate calls) into --out")
     return ap.parse_args(argv)
 
 
 ALL = ("rotation", "schemes", "ggml", "qknorm", "kv", "decode", "host", "jax", "startup")
 
 
+def merge(paths, out):
+    """Join suite CSVs of one device into ``out`` (a later file's rows replace
+    an earlier file's rows of the same family). Returns 0."""
+    rows, devs = [], set()
+    for p in paths:
+        new = suite_rows.read(p)
+        devs |= {r["device"] for r in new}
+        fams = {r["family"] for r in new}
+        rows = [r for r in rows if r["family"] not in fams] + new
+    if len(devs) > 1:
+        sys.exit(f"bench_suite --merge: the CSVs name different devices {sorted(devs)}")
+    suite_rows.write(rows, out)
+    print(f"merged {len(rows)} rows of {len(paths)} files into {out}", file=sys.stderr)
+    return 0
+
+
 def main(argv=None):
     """Run the selected families, write the CSV; returns 0, or 1 if a family failed."""
     args = parse_args(argv)
+    if args.merge:
+        return merge(args.merge, args.out)
     only = [f for f in args.only.split(",") if f] or list(ALL)
     bad = [f for f in only if f not in ALL]
     if bad:

@@ -197,12 +197,10 @@ def plot_family(rows, family, path=None):
         matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fam = [r for r in rows if r["family"] == family]
-    if family == "host":  # one panel: every timed call
-        ops = ["host"]
-        by_op = {"host": [dict(r, case=r["op"], op="host") for r in fam]}
-    else:
-        ops = list(OrderedDict.fromkeys(r["op"] for r in fam))
-        by_op = {op: [r for r in fam if r["op"] == op] for op in ops}
+    if family == "host":
+        return _plot_host(fam, path, plt)
+    ops = list(OrderedDict.fromkeys(r["op"] for r in fam))
+    by_op = {op: [r for r in fam if r["op"] == op] for op in ops}
     fig, axes = plt.subplots(len(ops), 1, figsize=(12, 3.2 * len(ops)), squeeze=False)
     for ax, op in zip(axes[:, 0], ops):
         sel = by_op[op]
@@ -231,6 +229,27 @@ def plot_family(rows, family, path=None):
         ax.set_title(f"{family}: {op}", fontsize=10)
         ax.legend(fontsize=7, loc="best")
     fig.suptitle(f"cuprope {family} on {', '.join(devices(fam))}", fontsize=11)
+    fig.tight_layout()
+    if path:
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+    return fig
+
+
+def _plot_host(fam, path, plt):
+    """Host time: one horizontal bar per timed call, its ratio to one torch mul_."""
+    fam = [r for r in fam if r["ratio"] is not None]
+    fig, ax = plt.subplots(figsize=(10, 0.45 * len(fam) + 1.5))
+    ys = range(len(fam))
+    ax.barh(list(ys), [r["ratio"] for r in fam],
+            color=["C7" if r["impl"] == "torch-mul_" else "C0" for r in fam])
+    ax.set_yticks(list(ys))
+    ax.set_yticklabels([f"{r['op']} ({r['dtype']})" for r in fam], fontsize=7)
+    ax.invert_yaxis()
+    ax.axvline(1.3, color="k", ls="--", lw=1, label="target 1.3× mul_ (plain RoPE calls)")
+    ax.set_xlabel("host µs per call / one torch mul_ in the same loop")
+    ax.legend(fontsize=7)
+    fig.suptitle(f"cuprope host time on {', '.join(devices(fam))}", fontsize=10)
     fig.tight_layout()
     if path:
         fig.savefig(path, dpi=100)

@@ -377,3 +377,19 @@ def test_rotation_and_schemes_families_rows(monkeypatch):
     assert f[0]["ratio"] == pytest.approx(120 / 102)
     assert {r["family"] for r in rows} == {"rotation", "schemes", "lrpe"}
     assert rot[0]["shape"] == "B {} S {} Hq {} Hk {} D {}".format(*shape[:5])
+
+
+def test_merge_joins_one_devices_csvs_and_refuses_two_devices(tmp_path):
+    import bench_suite
+    a, b, c, out = (tmp_path / n for n in ("a.csv", "b.csv", "c.csv", "out.csv"))
+    m = suite_rows.make
+    suite_rows.write(suite_rows.finish([m("rotation", "qk_fwd", "x", "bf16", "copy", 1.0),
+                                        m("kv", "append", "B 1", "bf16", "copy", 9.0)], "G", "1"), a)
+    suite_rows.write(suite_rows.finish([m("kv", "append", "B 1", "bf16", "copy", 2.0)], "G", "2"),
+                     b)
+    suite_rows.write(suite_rows.finish([m("jax", "f", "x", "bf16", "xla", 3.0)], "H", "3"), c)
+    assert bench_suite.main(["--merge", str(a), str(b), "--out", str(out)]) == 0
+    rows = suite_rows.read(out)
+    assert [(r["family"], r["us"]) for r in rows] == [("rotation", 1.0), ("kv", 2.0)]
+    with pytest.raises(SystemExit, match="different devices"):
+        bench_suite.main(["--merge", str(a), str(c), "--out", str(out)])
