@@ -69,8 +69,9 @@ class Ctx:
     def want_case(self, name):
         return not self.cases or any(c in name for c in self.cases)
 
-    def dts(self, default):
-        return [d for d in default if not self.dtypes or d in self.dtypes]
+    def dts(self, default, allowed=("bf16", "fp16", "fp32")):
+        """--dtypes where given (quick or not), else ``default``."""
+        return [d for d in allowed if d in self.dtypes] if self.dtypes else list(default)
 
     def fi_lines(self):
         """fi_bench_bin's JSON lines (run once), [] without the binary."""
@@ -117,7 +118,8 @@ def rotation(ctx):
     """Core ops (cuprope.bench.run_case) plus Liger and FlashInfer on the peer cases."""
     from cuprope.bench import SHAPES, run_case
     ops = ("qk_fwd", "qk_bwd") if ctx.quick else ROT_OPS
-    cases = [c for c in (QUICK_CASES if ctx.quick else SHAPES) if ctx.want_case(c)]
+    pool = QUICK_CASES if ctx.quick and not ctx.cases else SHAPES  # --cases: any of SHAPES
+    cases = [c for c in pool if ctx.want_case(c)]
     reps = 10 if ctx.quick else 30
     rows = []
     for case in cases:
@@ -317,27 +319,17 @@ def parse_args(argv=None):
 ALL = ("rotation", "schemes", "ggml", "qknorm", "kv", "decode", "host", "jax", "startup")
 
 
-def merge(paths, out):
-    """Join suite CSVs of one device into ``out`` (a later file's rows replace
-    an earlier file's rows of the same family). Returns 0."""
-    rows, devs = [], set()
-    for p in paths:
-        new = suite_rows.read(p)
-        devs |= {r["device"] for r in new}
-        fams = {r["family"] for r in new}
-        rows = [r for r in rows if r["family"] not in fams] + new
-    if len(devs) > 1:
-        sys.exit(f"bench_suite --merge: the CSVs name different devices {sorted(devs)}")
-    suite_rows.write(rows, out)
-    print(f"merged {len(rows)} rows of {len(paths)} files into {out}", file=sys.stderr)
-    return 0
-
-
 def main(argv=None):
     """Run the selected families, write the CSV; returns 0, or 1 if a family failed."""
     args = parse_args(argv)
-    if args.merge:
-        return merge(args.merge, args.out)
+    if args.merge:  # no timing: join earlier runs' CSVs (one device)
+        try:
+            rows = suite_rows.merge(args.merge)
+        except ValueError as e:
+            sys.exit(f"bench_suite --merge: {e}")
+        suite_rows.write(rows, args.out)
+        print(f"merged {len(rows)} rows into {args.out}", file=sys.stderr)
+        return 0
     only = [f for f in args.only.split(",") if f] or list(ALL)
     bad = [f for f in only if f not in ALL]
     if bad:

@@ -142,9 +142,9 @@ def jax_calls(ctx):
     of HF's formula, forward and value_and_grad (ratio: XLA µs / cuprope's)."""
     import jax_bench as jb
     import jax_qknorm_bench as jq
-    dts = [d for d in (("bfloat16",) if ctx.quick else ("bfloat16", "float16"))
-           if not ctx.dtypes or {"bfloat16": "bf16", "float16": "fp16"}[d] in ctx.dtypes]
     short = {"bfloat16": "bf16", "float16": "fp16"}
+    dts = [d for d in short if short[d] in ctx.dtypes] if ctx.dtypes else \
+        ["bfloat16"] if ctx.quick else list(short)
     reps, rounds = (20, 5) if ctx.quick else (50, 9)
     hl = f"host loop of {reps} calls, median of {rounds}"
     hq = f"host loop of {reps // 2} calls, median of {rounds}"

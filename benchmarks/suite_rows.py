@@ -110,3 +110,18 @@ def read(path):
         for c in ("us", "frac_copy", "ratio", "bytes"):
             r[c] = _num(r[c])
     return rows
+
+
+def merge(paths):
+    """The rows of suite CSVs of one device joined (a later file's rows replace
+    an earlier file's rows of the same family). Raises ValueError if the files
+    name different devices."""
+    rows, devs = [], set()
+    for p in paths:
+        new = read(p)
+        devs |= {r["device"] for r in new}
+        fams = {r["family"] for r in new}
+        rows = [r for r in rows if r["family"] not in fams] + new
+    if len(devs) > 1:
+        raise ValueError(f"the CSVs name different devices {sorted(devs)}")
+    return rows

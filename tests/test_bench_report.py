@@ -171,6 +171,8 @@ def test_bench_suite_without_a_gpu_says_so(tmp_path):
     ("jax_bench", ("measure", "SHAPES")),
     ("jax_qknorm_bench", ("measure", "SHAPES")),
     ("suite_fused", ("qknorm", "kv", "decode", "host", "jax_calls")),
+    ("cuprope.bench", ("run_case", "run_scheme_case", "time_gpu", "cos_sin_tables", "SHAPES",
+                       "SCHEME_OPS", "Row")),
 ])
 def test_the_measuring_functions_the_suite_calls_exist(module, names):
     pytest.importorskip("torch")
