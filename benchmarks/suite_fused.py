@@ -40,7 +40,7 @@ def qknorm(ctx):
                                          shape=shape, ratio_to="cuprope", note=ev))
                     else:
                         ctx.note(f"qknorm {impl} not timed: "
-                             f"{t.get(key2 + sfx + '_error', 'not importable')}")
+                                 f"{t.get(key2 + sfx + '_error', 'not importable')}")
             ctx.progress(f"qknorm {name} {dt}")
     return rows
 
