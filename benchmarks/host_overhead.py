@@ -15,13 +15,14 @@ Each row: µs per call, the median of ``--blocks`` blocks of ``--calls`` calls
 (one synchronize per block), rows interleaved block by block so every row
 sees the same host state; then the ratio to ``mul_``. A cProfile of the
 torch in-place call and a few fast-path steps timed alone follow; the table
-comes last. ``--csv PATH`` writes the rows.
+comes last. ``benchmarks/bench_suite.py --only host`` times the same rows
+(``decode_rows``, ``measure``) into the suite's CSV; this script adds the
+profile and the single steps.
 
-    python3 benchmarks/host_overhead.py --csv $OUT/host.csv
+    python3 benchmarks/host_overhead.py
 """
 import argparse
 import cProfile
-import csv
 import pstats
 import statistics
 import time
@@ -154,7 +155,6 @@ def _loop_us(fn, n):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--csv", help="write the rows here")
     ap.add_argument("--calls", type=int, default=2000, help="calls per block")
     ap.add_argument("--blocks", type=int, default=9, help="blocks per row (median)")
     ap.add_argument("--no-cupy", action="store_true")
@@ -181,13 +181,6 @@ def main():
     for name, _ in rows:
         med = statistics.median(res[name])
         table.append((name, med, min(res[name]), max(res[name]), med / ref))
-    if a.csv:
-        with open(a.csv, "w", newline="") as f:
-            w = csv.writer(f)
-            w.writerow(["row", "us_per_call_median", "us_min_block", "us_max_block",
-                        "ratio_to_mul"])
-            for name, med, lo, hi, r in table:
-                w.writerow([name, f"{med:.3f}", f"{lo:.3f}", f"{hi:.3f}", f"{r:.3f}"])
     print(f"---- host time per call (B 8, Hq 32, Hk 8, D 128, bf16), median of {a.blocks} blocks "
           f"of {a.calls}; target ≤ 1.3× mul_ (issue 16)")
     print(f"{'row':<50} {'µs/call':>8} {'min':>7} {'max':>7} {'× mul_':>7}")

@@ -1,7 +1,6 @@
 """cuprope under jax.jit against XLA's own fusion of the RoPE formula and the
 same kernel called from torch, in one process (a GPU with JAX, torch, CuPy).
-
-    python benchmarks/jax_bench.py [--csv out.csv]
+A measuring module: ``benchmarks/bench_suite.py --only jax`` runs it.
 
 Per call: a host loop of 50 calls after warm-up, its wall time divided by 50,
 the median of 9 such loops taken in turn for every variant: the forward of q
@@ -12,10 +11,7 @@ loss). XLA's formula is HF's ``x * cos + rotate_half(x) * sin`` with cos/sin
 formed from the positions in float32 inside the same jit (what a JAX user
 writes); the torch column times cuprope's torch path on the same tensors.
 """
-import argparse
-import csv
 import statistics
-import sys
 import time
 
 import jax
@@ -67,55 +63,31 @@ def tsync(out):
     torch.cuda.synchronize()
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--csv")
-    ap.add_argument("--dtypes", default="bfloat16,float16")
-    args = ap.parse_args()
-    cfg = cuprope.RopeConfig(128, base=500000.0)
-    rows = []
-    for dtype in args.dtypes.split(","):
-        for name, (b, s, hq, hk, d) in SHAPES.items():
-            rng = np.random.default_rng(0)
-            q = jnp.asarray(rng.standard_normal((b, s, hq, d), np.float32), dtype)
-            k = jnp.asarray(rng.standard_normal((b, s, hk, d), np.float32), dtype)
-            pos = jnp.asarray(np.tile(np.arange(s, dtype=np.int32) + (4095 if s == 1 else 0),
-                                      (b, 1)))
-            wq, wk = jnp.ones_like(q), jnp.ones_like(k)
-            ours = jax.jit(lambda q, k, p: cjax.rope_qk(q, k, cfg, positions=p))
-            theirs = jax.jit(xla_rope)
+def measure(dtype, shape, reps=50, rounds=9):
+    """µs per call of one (dtype, shape of SHAPES): ``xla_fwd``,
+    ``cuprope_jit_fwd``, ``torch_fwd`` (cuprope from torch on the same
+    buffers), ``xla_grad``, ``cuprope_jit_grad``."""
+    b, s, hq, hk, d = SHAPES[shape]
+    cfg = cuprope.RopeConfig(d, base=500000.0)
+    rng = np.random.default_rng(0)
+    q = jnp.asarray(rng.standard_normal((b, s, hq, d), np.float32), dtype)
+    k = jnp.asarray(rng.standard_normal((b, s, hk, d), np.float32), dtype)
+    pos = jnp.asarray(np.tile(np.arange(s, dtype=np.int32) + (4095 if s == 1 else 0), (b, 1)))
+    wq, wk = jnp.ones_like(q), jnp.ones_like(k)
+    ours = jax.jit(lambda q, k, p: cjax.rope_qk(q, k, cfg, positions=p))
+    theirs = jax.jit(xla_rope)
 
-            def loss(f):
-                def l(q, k, p):
-                    a, c = jax.lax.optimization_barrier(f(q, k, p))
-                    return jnp.sum((a * wq).astype(jnp.float32)) + jnp.sum((c * wk).astype(jnp.float32))
-                return jax.jit(jax.value_and_grad(l, argnums=(0, 1)))
-            g_ours = loss(lambda q, k, p: cjax.rope_qk(q, k, cfg, positions=p))
-            g_theirs = loss(xla_rope)
-            tq = torch.from_dlpack(q)
-            tk = torch.from_dlpack(k)
-            tp = torch.from_dlpack(pos)
-            row = dict(dtype=dtype, shape=name, **per_call({
-                "xla_fwd": (lambda: theirs(q, k, pos), jsync),
-                "cuprope_jit_fwd": (lambda: ours(q, k, pos), jsync),
-                "torch_fwd": (lambda: cuprope.rope_qk_forward(tq, tk, cfg, positions=tp), tsync),
-                "xla_grad": (lambda: g_theirs(q, k, pos), jsync),
-                "cuprope_jit_grad": (lambda: g_ours(q, k, pos), jsync)}))
-            rows.append(row)
-            print(" ".join(f"{k}={v:.1f}" if isinstance(v, float) else f"{k}={v}"
-                           for k, v in row.items()), flush=True)
-    if args.csv:
-        with open(args.csv, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(rows[0]))
-            w.writeheader()
-            w.writerows(rows)
-    print(f"{'dtype':9} {'shape':11} {'XLA fwd':>8} {'ours jit':>8} {'torch':>8} "
-          f"{'XLA grad':>9} {'ours grad':>9}", file=sys.stderr)
-    for r in rows:
-        print(f"{r['dtype']:9} {r['shape']:11} {r['xla_fwd']:8.1f} {r['cuprope_jit_fwd']:8.1f} "
-              f"{r['torch_fwd']:8.1f} {r['xla_grad']:9.1f} {r['cuprope_jit_grad']:9.1f}",
-              file=sys.stderr)
-
-
-if __name__ == "__main__":
-    main()
+    def loss(f):
+        def l(q, k, p):
+            a, c = jax.lax.optimization_barrier(f(q, k, p))
+            return jnp.sum((a * wq).astype(jnp.float32)) + jnp.sum((c * wk).astype(jnp.float32))
+        return jax.jit(jax.value_and_grad(l, argnums=(0, 1)))
+    g_ours = loss(lambda q, k, p: cjax.rope_qk(q, k, cfg, positions=p))
+    g_theirs = loss(xla_rope)
+    tq, tk, tp = torch.from_dlpack(q), torch.from_dlpack(k), torch.from_dlpack(pos)
+    return per_call({
+        "xla_fwd": (lambda: theirs(q, k, pos), jsync),
+        "cuprope_jit_fwd": (lambda: ours(q, k, pos), jsync),
+        "torch_fwd": (lambda: cuprope.rope_qk_forward(tq, tk, cfg, positions=tp), tsync),
+        "xla_grad": (lambda: g_theirs(q, k, pos), jsync),
+        "cuprope_jit_grad": (lambda: g_ours(q, k, pos), jsync)}, reps=reps, rounds=rounds)

@@ -17,11 +17,9 @@ too: the work FlashInfer's ``RopeQuantizeAppendPagedKVCache`` does).
   see its README) run in its own process, its figures beside its own copy.
 
 Each timing: CUDA-graph replay of 50 calls, median of 11 replays, per call
-(as ``../shared/peers/side_by_side.py``). Prints a table; ``--csv PATH``
-writes the rows too. Run on a GPU: ``python benchmarks/kvcache_bench.py``.
+(as ``../shared/peers/side_by_side.py``). A measuring module:
+``benchmarks/bench_suite.py --only kv`` runs it and writes the rows.
 """
-import argparse
-import csv
 import json
 import os
 import subprocess
@@ -36,12 +34,7 @@ from cuprope import kvcache  # noqa: E402
 HQ, HK, D, PAGE, CTX = 32, 8, 128, 16, 512
 CASES = [("decode", b, 1) for b in (1, 64, 256, 1024)] + [("prefill", 1, 16384)]
 MODES = ("bf16", "fp8kv", "fp8qkv")
-_HERE = os.path.dirname(os.path.abspath(__file__))
-# ../shared/peers/fi_bench_bin (its README's build command), else build/fi_bench_bin (ignored
-# by git: carry it to the device)
-FI_PATHS = (os.path.join(_HERE, "..", "..", "shared", "peers", "fi_bench_bin"),
-            os.path.join(_HERE, "..", "build", "fi_bench_bin"))
-FI_DEFAULT = next((p for p in FI_PATHS if os.path.exists(p)), FI_PATHS[0])
+
 
 
 def graph_us(fn, n=50):
@@ -109,7 +102,7 @@ def run_case(kind, b, per_req, mode):
     nbytes = t * D * ((HQ + 2 * HK) * 2 + HQ * q_bytes + 2 * HK * c_bytes)
     src = torch.empty(nbytes // 2, device="cuda", dtype=torch.uint8)
     dst = torch.empty_like(src)
-    row = dict(case=kind, B=b, tokens=t, mode=mode, MB=round(nbytes / 2 ** 20, 2))
+    row = dict(case=kind, B=b, tokens=t, mode=mode, MB=round(nbytes / 2 ** 20, 2), bytes=nbytes)
     row["copy_us"] = graph_us(lambda: dst.copy_(src))
     row["fused_us"] = graph_us(lambda: kvcache.rope_append_kv(x["q"], x["k"], x["v"], cfg, pos,
                                                               **kw))
@@ -138,57 +131,17 @@ def run_case(kind, b, per_req, mode):
 
 def flashinfer_lines(path):
     """The JSON lines fi_bench_bin prints (one per case), or [] without the binary."""
-    if not os.path.exists(path):
-        print(f"(no FlashInfer binary at {path}: build it as ../shared/peers/README.md says)")
+    if not path or not os.path.exists(path):
         return []
-    out = subprocess.run([path], capture_output=True, text=True, timeout=300).stdout
+    res = subprocess.run([path], capture_output=True, text=True, timeout=300)
+    if res.returncode:
+        raise RuntimeError(f"{path} exited with {res.returncode}: {res.stderr[-300:]}")
+    out = res.stdout
     return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
 
 
-def flashinfer_rows(path):
-    """{tokens: row} of fi_bench_bin's fused RoPE + fp8 + paged-append lines."""
-    return {r["tokens"]: r for r in flashinfer_lines(path)
+def flashinfer_rows(lines):
+    """{tokens: line} of fi_bench_bin's fused RoPE + fp8 + paged-append lines
+    (``flashinfer_lines``)."""
+    return {r["tokens"]: r for r in lines
             if r.get("impl") == "flashinfer_rope_fp8_paged_append"}
-
-
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--csv", help="write the rows to this CSV file")
-    ap.add_argument("--fi-bin", default=FI_DEFAULT, help="FlashInfer's fi_bench_bin")
-    ap.add_argument("--modes", default=",".join(MODES))
-    args = ap.parse_args()
-    fi = flashinfer_rows(args.fi_bin)
-    rows = []
-    print(f"{torch.cuda.get_device_name()}: Hq {HQ}, Hk {HK}, D {D}, bf16 in, pages of {PAGE}")
-    print(f"{'case':>8} {'B':>5} {'tokens':>6} {'mode':>7} {'MB':>7} {'copy':>7} {'fused':>7} "
-          f"{'/copy':>6} {'table':>7} {'unfused':>8} {'x unf':>6} {'FI':>7} {'FI/copy':>7} "
-          f"{'FI/fused':>8} {'FI/table':>8}")
-    for kind, b, per_req in CASES:
-        for mode in args.modes.split(","):
-            r = run_case(kind, b, per_req, mode)
-            f = fi.get(r["tokens"]) if mode == "fp8qkv" else None
-            if f:
-                r.update(fi_us=f["fused_us"], fi_copy_us=f["copy_us"], fi_per_copy=f["ratio"],
-                         fi_over_fused=round(f["fused_us"] / r["fused_us"], 3),
-                         fi_over_table=round(f["fused_us"] / r["table_us"], 3))
-            rows.append(r)
-            fi_txt = (f"{r['fi_us']:7.2f} {r['fi_per_copy']:7.3f} {r['fi_over_fused']:8.3f} "
-                      f"{r['fi_over_table']:8.3f}" if f else f"{'-':>7} {'-':>7} {'-':>8} {'-':>8}")
-            print(f"{kind:>8} {b:>5} {r['tokens']:>6} {mode:>7} {r['MB']:>7} {r['copy_us']:7.2f} "
-                  f"{r['fused_us']:7.2f} {r['fused_per_copy']:6.3f} {r['table_us']:7.2f} "
-                  f"{r['unfused_us']:8.2f} "
-                  f"{r['speedup_vs_unfused']:6.2f} {fi_txt}", flush=True)
-    print("times in µs per call (CUDA-graph replay); /copy: copy time over fused time; table: "
-          "fused with RopeConfig.cache_angles; x unf: unfused time over fused; FI/fused > 1: "
-          "FlashInfer slower")
-    if args.csv:
-        keys = list(dict.fromkeys(k for r in rows for k in r))
-        with open(args.csv, "w", newline="") as fh:
-            w = csv.DictWriter(fh, fieldnames=keys)
-            w.writeheader()
-            w.writerows(rows)
-        print("wrote", args.csv)
-
-
-if __name__ == "__main__":
-    main()

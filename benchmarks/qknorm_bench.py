@@ -7,17 +7,13 @@ Bytes: the forward reads q and k and writes them once (2·|q, k|); the backward
 reads q, k and dy and writes dx (3·|q, k|; the weights and their gradients are
 negligible). "copy" is a device-to-device copy moving the same bytes (half read,
 half written). CUDA events, warm-up, median (cuprope.bench.time_gpu); buffer sets
-rotate so the L2 does not hold the inputs.
+rotate so the L2 does not hold the inputs. Liger (its RMSNorm, then its RoPE:
+what Liger puts into Qwen3) is timed too where ``liger_kernel`` imports.
 
-    python benchmarks/qknorm_bench.py [--shapes llama,qwen3] [--dtypes bf16,fp16,fp32] [--csv out.csv]
-
-Targets (issue 15): forward >= 0.95 of copy, backward >= 0.90, >= 1.05x
-torch.compile, >= 1.5x the unfused pair.
+A measuring module: ``benchmarks/bench_suite.py --only qknorm`` runs it and
+writes the rows (issue 25's targets: forward >= 0.90 of copy, backward >= 0.85,
+>= 1.2x torch.compile forward and forward+backward).
 """
-import argparse
-import csv
-import sys
-
 import torch
 
 import cuprope
@@ -31,8 +27,24 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 SETS = 2
 
 
-def timed(fn):
-    return time_gpu(fn, reps=30, warm=5, sleep_cycles=1_000_000)
+def timed(fn, reps=30):
+    return time_gpu(fn, reps=reps, warm=5, sleep_cycles=1_000_000)
+
+
+def liger_block():
+    """Liger's Qwen3 pieces (LigerRMSNorm per head, liger_rotary_pos_emb on the
+    [B, H, S, D] view of our [B, S, H, D] tensors), or None without Liger."""
+    try:
+        from liger_kernel.transformers.functional import liger_rms_norm, liger_rope
+    except Exception:  # not installed, or no Triton
+        return None
+
+    def block(q, k, wq, wk, cos, sin, eps):
+        qn = liger_rms_norm(q, wq, eps, casting_mode="llama")
+        kn = liger_rms_norm(k, wk, eps, casting_mode="llama")
+        a, c = liger_rope(qn.transpose(1, 2), kn.transpose(1, 2), cos, sin)
+        return a.transpose(1, 2), c.transpose(1, 2)
+    return block
 
 
 def hf_block(q, k, wq, wk, cos, sin, eps):
@@ -58,7 +70,14 @@ def unfused(q, k, wq, wk, cfg, eps):
     return ctorch.rope_qk(qn, kn, cfg)
 
 
-def bench(name, b, s, hq, hk, d, dt):
+def measure(b, s, hq, hk, d, dt, reps=30):
+    """Seconds per call (CUDA-event medians) of one prefill shape: ``copy_f`` /
+    ``copy_b`` (copies of the forward's and the backward's bytes, ``bytes_f`` /
+    ``bytes_b``), ``fwd`` / ``bwd`` (cuprope.qknorm's raw calls); under torch
+    autograd, forward only (``*_f``) and forward + backward (``*_fb``) of
+    ``fused`` (cuprope.torch.rope_qk_norm), ``hf`` (torch.compile of HF's Qwen3
+    block), ``unf`` (torch RMSNorm, then cuprope RoPE) and ``liger`` (if
+    importable)."""
     eps = 1e-6
     cfg = cuprope.RopeConfig(d, base=1e6)
     mk = lambda h: torch.randn(b, s, h, d, device="cuda", dtype=dt)  # noqa: E731
@@ -111,46 +130,20 @@ def bench(name, b, s, hq, hk, d, dt):
                                                       eps=eps)
     hf_fn = torch.compile(lambda q, k, a, c: hf_block(q, k, a, c, cos, sin, eps))
     unf_fn = lambda q, k, a, c: unfused(q, k, a, c, cfg, eps)  # noqa: E731
-    t = dict(
-        copy_f=timed(lambda: dst[:qk_bytes].copy_(src[:qk_bytes])),
-        copy_b=timed(lambda: dst.copy_(src)),
-        fwd=timed(fwd), bwd=timed(bwd),
-        fused_f=timed(fwd_only(fused_fn)), fused_fb=timed(autograd_step(fused_fn)),
-        hf_f=timed(fwd_only(hf_fn)), hf_fb=timed(autograd_step(hf_fn)),
-        unf_f=timed(fwd_only(unf_fn)), unf_fb=timed(autograd_step(unf_fn)))
-    return dict(
-        shape=name, dtype=str(dt).replace("torch.", ""), fwd_us=t["fwd"] * 1e6,
-        fwd_vs_copy=t["copy_f"] / t["fwd"], bwd_us=t["bwd"] * 1e6,
-        bwd_vs_copy=t["copy_b"] / t["bwd"],
-        vs_compile_fwd=t["hf_f"] / t["fused_f"], vs_compile_fwdbwd=t["hf_fb"] / t["fused_fb"],
-        vs_unfused_fwd=t["unf_f"] / t["fused_f"], vs_unfused_fwdbwd=t["unf_fb"] / t["fused_fb"])
-
-
-def main(argv=None):
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--shapes", default="llama,qwen3")
-    ap.add_argument("--dtypes", default="bf16,fp16,fp32")
-    ap.add_argument("--csv", default=None, help="also write the rows to this CSV file")
-    args = ap.parse_args(argv)
-    rows = []
-    print(f"# {torch.cuda.get_device_name()}")
-    cols = ("shape", "dtype", "fwd_us", "fwd_vs_copy", "bwd_us", "bwd_vs_copy", "vs_compile_fwd",
-            "vs_compile_fwdbwd", "vs_unfused_fwd", "vs_unfused_fwdbwd")
-    print(" | ".join(cols))
-    for key in args.shapes.split(","):
-        name, *dims = SHAPES[key]
-        for dk in args.dtypes.split(","):
-            row = bench(name, *dims, DTYPES[dk])
-            rows.append(row)
-            print(" | ".join(f"{row[c]:.3f}" if isinstance(row[c], float) else row[c]
-                             for c in cols), flush=True)
-    if args.csv:
-        with open(args.csv, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=cols)
-            w.writeheader()
-            w.writerows(rows)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    lg = liger_block()
+    timers = dict(
+        copy_f=lambda: dst[:qk_bytes].copy_(src[:qk_bytes]), copy_b=lambda: dst.copy_(src),
+        fwd=fwd, bwd=bwd, fused_f=fwd_only(fused_fn), fused_fb=autograd_step(fused_fn),
+        hf_f=fwd_only(hf_fn), hf_fb=autograd_step(hf_fn), unf_f=fwd_only(unf_fn),
+        unf_fb=autograd_step(unf_fn))
+    if lg is not None:
+        lg_fn = lambda q, k, a, c: lg(q, k, a, c, cos, sin, eps)  # noqa: E731
+        timers.update(liger_f=fwd_only(lg_fn), liger_fb=autograd_step(lg_fn))
+    t = {}
+    for name, fn in timers.items():
+        try:
+            t[name] = timed(fn, reps)
+        except Exception as e:  # a peer that fails here is reported, not dropped
+            t[name + "_error"] = f"{type(e).__name__}: {str(e)[:120]}"
+    t.update(bytes_f=qk_bytes * 2, bytes_b=qk_bytes * 3)
+    return t

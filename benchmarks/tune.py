@@ -3,19 +3,22 @@
     python benchmarks/tune.py "CUPROPE_MIN_BLOCKS=1" "CUPROPE_ROWS16=2 CUPROPE_MIN_BLOCKS=3"
 
 Each variant compiles with CUPROPE_KERNEL_DEFINES set (a separate CuPy cache
-entry) and runs benchmarks/quick_bench.py on the large shapes."""
+entry) and runs ``benchmarks/bench_suite.py --only rotation --quick`` on the
+cases in TUNE_SHAPES (default llama3-8b,mha-d64) and the dtypes in TUNE_DTYPES
+(default bf16,fp32); TUNE_DECODE=1 adds the decode family."""
 import os
 import subprocess
 import sys
+import tempfile
 
 here = os.path.dirname(os.path.abspath(__file__))
 variants = sys.argv[1:] or [""]
 for v in variants:
     env = dict(os.environ, CUPROPE_KERNEL_DEFINES=v)
     print(f"=== variant: {v or 'default'}", flush=True)
-    cmd = [sys.executable, os.path.join(here, "quick_bench.py"),
-           "--shapes", os.environ.get("TUNE_SHAPES", "llama,d64"),
-           "--dtypes", os.environ.get("TUNE_DTYPES", "bf16,fp32"), "--tag", v]
-    if os.environ.get("TUNE_DECODE"):  # also the decode B 1 kernel time
-        cmd.append("--decode")
+    only = "rotation,decode" if os.environ.get("TUNE_DECODE") else "rotation"
+    out = os.path.join(tempfile.mkdtemp(prefix="cuprope-tune-"), "results.csv")
+    cmd = [sys.executable, os.path.join(here, "bench_suite.py"), "--quick", "--only", only,
+           "--cases", os.environ.get("TUNE_SHAPES", "llama3-8b,mha-d64"),
+           "--dtypes", os.environ.get("TUNE_DTYPES", "bf16,fp32"), "--out", out]
     subprocess.run(cmd, env=env, check=False)

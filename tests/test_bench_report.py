@@ -1,0 +1,397 @@
+"""The benchmark suite's CSV, report and notebook 04 on the CPU (no GPU):
+
+* the committed benchmarks/results.csv has the suite's schema and a device in
+  every row; suite_rows writes and reads it back;
+* report.py marks each issue-25 target met / not met from the data (synthetic
+  rows on both sides of each bound), draws one PNG per family and prints the
+  Markdown; notebook 04 runs on the committed CSV;
+* benchmarks/bench_suite.py --help works without a GPU, a wrong family is
+  refused, and the measuring functions it calls exist.
+"""
+import csv
+import json
+import importlib
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+BENCH = ROOT / "benchmarks"
+CSV = BENCH / "results.csv"
+sys.path.insert(0, str(BENCH))
+
+import report  # noqa: E402
+import suite_rows  # noqa: E402
+
+
+def test_committed_csv_has_the_schema_and_a_device_in_every_row():
+    with open(CSV, newline="") as f:
+        header = next(csv.reader(f))
+    assert tuple(header) == suite_rows.COLUMNS
+    rows = suite_rows.read(CSV)
+    assert rows
+    assert all(r["device"] and r["commit"] for r in rows)
+    fams = {r["family"] for r in rows}
+    assert {"rotation", "qknorm", "kv", "decode", "host", "jax"} <= fams, fams
+    # every row has a time or a ratio, or is the reference of a ratio in its group (a
+    # converted row whose old CSV kept only ratios); fractions of copy are fractions
+    key = lambda r: (r["family"], r["op"], r["case"], r["dtype"], r["device"])  # noqa: E731
+    refs = {key(r) + (r["ratio_to"],) for r in rows if r["ratio"] is not None}
+    assert all(r["us"] is not None or r["ratio"] is not None or key(r) + (r["impl"],) in refs
+               for r in rows)
+    assert all(0 < r["frac_copy"] < 1.5 for r in rows if r["frac_copy"] is not None)
+
+
+def test_read_refuses_a_missing_column_and_a_row_without_device(tmp_path):
+    p = tmp_path / "bad.csv"
+    p.write_text("family,op\nrotation,qk_fwd\n")
+    with pytest.raises(ValueError, match="missing"):
+        suite_rows.read(p)
+    rows = suite_rows.finish([suite_rows.make("rotation", "qk_fwd", "c", "bf16", "copy", 1.0)],
+                             "", "abc")
+    suite_rows.write(rows, p)
+    with pytest.raises(ValueError, match="no device"):
+        suite_rows.read(p)
+
+
+def _rows(**v):
+    """Synthetic rows covering every target; v overrides cuprope's µs per group."""
+    m = suite_rows.make
+    rows = []
+    for fam, op, case, dt, copy, ours, peers in (
+            ("qknorm", "fwd", "q", "bf16", 90.0, v.get("qk_fwd", 95.0), {}),
+            ("qknorm", "bwd", "q", "bf16", 85.0, 95.0, {}),
+            ("qknorm", "fwd autograd", "q", "bf16", None, 100.0, {"torch-compile": 125.0}),
+            ("qknorm", "fwd+bwd autograd", "q", "bf16", None, 100.0, {"torch-compile": 130.0}),
+            ("kv", "append", "decode B 1", "fp8qkv", 1.0, v.get("kv_b1", 2.0),
+             {"flashinfer": 2.4}),
+            ("kv", "append", "prefill 16384", "fp8qkv", 86.0, 100.0, {"flashinfer": 140.0}),
+            ("decode", "rope_qk in place", "B 1", "bf16", 1.0, 1.5,
+             {"flashinfer-cos-sin-cache": 1.6}),
+            ("rotation", "qk_fwd", "llama3-8b", "bf16", 98.0, 100.0, {"torch-compile": 106.0}),
+            ("jax", "rope_qk fwd", "llama3-8b", "bf16", None, 100.0, {"xla": 111.0})):
+        ours_impl = "cuprope-jit" if fam == "jax" else "cuprope"
+        if copy is not None:
+            rows.append(m(fam, op, case, dt, "copy", copy))
+        rows.append(m(fam, op, case, dt, ours_impl, ours))
+        rows += [m(fam, op, case, dt, p, us, ratio_to=ours_impl) for p, us in peers.items()]
+    rows += [m("host", "torch mul_", "B 8", "bf16", "torch-mul_", 10.0, ratio=1.0),
+             m("host", "rope_qk_forward in place, positions int32 [B,1]", "B 8", "bf16",
+               "cuprope", 12.0, ratio=v.get("host", 1.2), ratio_to="torch-mul_")]
+    return suite_rows.finish(rows, "TEST GPU", "deadbee")
+
+
+def _status(rows):
+    return {e["target"].split(" >=")[0].split(" <=")[0]: e["status"] for e in report.evaluate(rows)}
+
+
+def test_every_target_met_on_rows_past_every_bound():
+    st = _status(_rows())
+    assert len(st) == len(report.TARGETS)
+    assert set(st.values()) == {"met"}, st
+
+
+@pytest.mark.parametrize("override, target", [
+    (dict(qk_fwd=101.0), "QK-norm + RoPE forward, fraction of copy"),
+    (dict(kv_b1=2.5), "KV append at decode"),
+    (dict(host=1.31), "Host time per call"),
+])
+def test_a_row_past_its_bound_is_not_met(override, target):
+    st = _status(_rows(**override))
+    hit = [k for k in st if k.startswith(target)]
+    assert hit and all(st[k] == "not met" for k in hit), st
+    assert sum(s == "not met" for s in st.values()) == 1, st
+
+
+def test_a_missing_peer_is_incomplete_not_met_and_no_rows_is_no_data():
+    rows = [r for r in _rows() if not (r["family"] == "decode" and r["impl"].startswith("flash"))]
+    st = _status(rows)
+    assert st["Plain RoPE at decode ≤ FlashInfer cos/sin cache (its µs / ours), B 1–1024"] == \
+        "no data"
+    rows = _rows() + suite_rows.finish([suite_rows.make("decode", "rope_qk in place", "B 64",
+                                                        "bf16", "cuprope", 1.0)], "TEST GPU", "x")
+    assert _status(rows)["Plain RoPE at decode ≤ FlashInfer cos/sin cache (its µs / ours), "
+                         "B 1–1024"] == "incomplete"
+
+
+def test_ratio_rows_count_when_the_old_csv_kept_no_us():
+    rows = suite_rows.finish([
+        suite_rows.make("qknorm", "fwd autograd", "q", "bf16", "cuprope", None),
+        suite_rows.make("qknorm", "fwd autograd", "q", "bf16", "torch-compile", None, ratio=0.9,
+                        ratio_to="cuprope")], "G", "c")
+    e = [x for x in report.evaluate(rows) if x["target"].startswith("QK-norm + RoPE forward vs")]
+    assert e[0]["status"] == "not met" and e[0]["value"] == pytest.approx(0.9)
+
+
+def test_report_draws_one_png_per_family_and_prints_every_target(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    assert report.main([str(CSV), "--figures", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    rows = report.load(CSV)
+    fams = {r["family"] for r in rows}
+    pngs = {p.stem for p in tmp_path.glob("*.png")}
+    assert pngs == fams
+    assert all((tmp_path / f"{f}.png").stat().st_size > 5000 for f in fams)
+    for text, *_ in report.TARGETS:
+        assert text in out
+    assert out.count("**met**") + out.count("**not met**") + out.count("**incomplete**") + \
+        out.count("**no data**") == len(report.TARGETS)
+
+
+def test_bench_suite_help_works_without_a_gpu():
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
+    r = subprocess.run([sys.executable, str(BENCH / "bench_suite.py"), "--help"], env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    for opt in ("--only", "--quick", "--fi-bin", "--out"):
+        assert opt in r.stdout
+    r = subprocess.run([sys.executable, str(BENCH / "bench_suite.py"), "--only", "nope"],
+                       env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and "unknown families" in r.stderr
+
+
+def test_bench_suite_without_a_gpu_says_so(tmp_path):
+    pytest.importorskip("torch")
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
+    out = tmp_path / "r.csv"
+    r = subprocess.run([sys.executable, str(BENCH / "bench_suite.py"), "--only", "rotation",
+                        "--out", str(out)], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and "no CUDA GPU" in r.stderr
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("module, names", [
+    ("qknorm_bench", ("measure", "SHAPES", "DTYPES")),
+    ("kvcache_bench", ("run_case", "flashinfer_lines", "flashinfer_rows", "CASES", "MODES")),
+    ("decode_bench", ("measure", "flashinfer_decode", "BATCHES")),
+    ("host_overhead", ("decode_rows", "measure", "cupy_rows")),
+    ("jax_bench", ("measure", "SHAPES")),
+    ("jax_qknorm_bench", ("measure", "SHAPES")),
+    ("suite_fused", ("qknorm", "kv", "decode", "host", "jax_calls")),
+    ("cuprope.bench", ("run_case", "run_scheme_case", "time_gpu", "cos_sin_tables", "SHAPES",
+                       "SCHEME_OPS", "Row")),
+])
+def test_the_measuring_functions_the_suite_calls_exist(module, names):
+    pytest.importorskip("torch")
+    if module.startswith("jax"):
+        pytest.importorskip("jax")
+    sys.path.insert(0, str(ROOT))
+    mod = importlib.import_module(module)
+    for n in names:
+        assert callable(getattr(mod, n)) or getattr(mod, n), f"{module}.{n}"
+
+
+def test_notebook_04_runs_on_the_committed_csv():
+    try:
+        import nbformat
+        from nbclient import NotebookClient
+        importlib.import_module("ipykernel")
+        importlib.import_module("matplotlib")
+    except Exception as e:  # noqa: BLE001
+        if os.environ.get("CUPROPE_REQUIRE_NOTEBOOKS") == "1":
+            pytest.fail(f"notebook 04 needs nbformat/nbclient/ipykernel/matplotlib: {e}")
+        pytest.skip(f"notebook 04 needs nbformat/nbclient/ipykernel/matplotlib: {e}")
+    nb = nbformat.read(ROOT / "notebooks" / "04_performance.ipynb", as_version=4)
+    src = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
+    assert "results.csv" in src and "report.evaluate" in src
+    nb.cells = [c for c in nb.cells if "gpu" not in c.get("metadata", {}).get("tags", [])]
+    NotebookClient(nb, timeout=300, kernel_name="python3",
+                   resources={"metadata": {"path": str(ROOT / "notebooks")}}).execute()
+    outs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
+    assert not [o for o in outs if o.get("output_type") == "error"]
+    md = [o["data"]["text/markdown"] for o in outs if "text/markdown" in o.get("data", {})]
+    assert any("| target | status |" in m for m in md)
+
+
+class _Ctx:
+    """bench_suite.Ctx's interface, with FlashInfer lines given."""
+    quick, cases, dtypes = False, [], []
+
+    def __init__(self, fi):
+        self._fi = fi
+
+    def want_case(self, name):
+        return True
+
+    def dts(self, default):
+        return list(default)
+
+    def fi_lines(self):
+        return self._fi
+
+    def fi_note(self):
+        return "" if self._fi else "FlashInfer not run (no fi_bench_bin)"
+
+    note = progress = staticmethod(lambda msg: None)
+
+
+def _fake_modules(monkeypatch):
+    """Stand-ins for the GPU measuring modules, returning what the real ones return."""
+    import types
+    mods = {}
+    qb = types.SimpleNamespace(SHAPES={"llama": ("Llama-3-8B prefill", 4, 4096, 32, 8, 128),
+                                       "qwen3": ("Qwen3-8B prefill", 4, 4096, 32, 8, 128)},
+                               DTYPES={"bf16": 0, "fp16": 1, "fp32": 2})
+    qb.measure = lambda *a, reps=30: dict(
+        copy_f=9e-5, copy_b=1.3e-4, fwd=1e-4, bwd=1.5e-4, fused_f=1.1e-4, fused_fb=3e-4,
+        hf_f=1.2e-4, hf_fb=3.3e-4, unf_f=4e-4, unf_fb=6e-4, liger_f=1.5e-4, liger_fb=4e-4,
+        bytes_f=2 ** 28, bytes_b=3 * 2 ** 27)
+    mods["qknorm_bench"] = qb
+    kb = types.SimpleNamespace(HQ=32, HK=8, D=128, PAGE=16, MODES=("bf16", "fp8kv", "fp8qkv"),
+                               CASES=[("decode", 1, 1), ("prefill", 1, 16384)])
+    kb.run_case = lambda kind, b, per, mode: dict(
+        case=kind, B=b, tokens=b * per, mode=mode, MB=1.0, bytes=2 ** 20, copy_us=1.0,
+        fused_us=2.0, table_us=1.9, unfused_us=5.0)
+    kb.flashinfer_rows = lambda lines: {r["tokens"]: r for r in lines
+                                        if r.get("impl") == "flashinfer_rope_fp8_paged_append"}
+    mods["kvcache_bench"] = kb
+    db = types.SimpleNamespace(HQ=32, HK=8, D=128, BATCHES=(1, 64))
+    db.measure = lambda batches: [dict(B=b, bytes=4096 * b, copy_us=1.0, core_us=1.5,
+                                       core_table_us=1.8, csc_us=1.9) for b in batches]
+    db.flashinfer_decode = lambda lines: {r["B"]: r for r in lines if r.get("S") == 1}
+    mods["decode_bench"] = db
+    ho = types.SimpleNamespace()
+    ho.decode_rows = lambda: [("torch mul_ (one eager op)", None),
+                              ("rope_qk_forward in place, positions int32 [B,1]", None)]
+    ho.cupy_rows = lambda: [("cupy rope_qk_forward in place (fp32)", None)]
+    ho.measure = lambda rows, calls, blocks: {n: [10.0 + i] * blocks for i, (n, _) in
+                                              enumerate(rows)}
+    mods["host_overhead"] = ho
+    jb = types.SimpleNamespace(SHAPES={"llama3-8b": (), "decode-b1": ()})
+    jb.measure = lambda dt, name, reps, rounds: dict(xla_fwd=110.0, cuprope_jit_fwd=100.0,
+                                                     torch_fwd=90.0, xla_grad=300.0,
+                                                     cuprope_jit_grad=280.0)
+    mods["jax_bench"] = jb
+    jq = types.SimpleNamespace(SHAPES={"qwen3-8b prefill": ()})
+    jq.measure = lambda name, dt, reps, rounds: dict(xla=300.0, ours=150.0, xla_step=570.0,
+                                                     ours_step=550.0)
+    mods["jax_qknorm_bench"] = jq
+    for k, v in mods.items():
+        monkeypatch.setitem(sys.modules, k, v)
+
+
+FI_LINES = [
+    {"impl": "flashinfer", "dtype": "bf16", "B": 1, "S": 1, "Hq": 32, "Hk": 8, "D": 128,
+     "bytes": 20480, "copy_us": 1.0, "computed_us": 1.5, "cache_us": 1.4, "cache_inplace_us": 1.6,
+     "ratio_computed": 0.6, "ratio_cache": 0.7, "ratio_cache_inplace": 0.6, "err": "no error"},
+    {"impl": "flashinfer_rope_fp8_paged_append", "B": 1, "tokens": 1, "Hq": 32, "Hk": 8,
+     "D": 128, "bytes": 100, "copy_us": 1.0, "fused_us": 2.4, "ratio": 0.41, "err": "no error"}]
+
+
+@pytest.mark.parametrize("fi", [FI_LINES, []], ids=["with FlashInfer", "without FlashInfer"])
+def test_suite_families_turn_measurements_into_schema_rows(monkeypatch, tmp_path, fi):
+    _fake_modules(monkeypatch)
+    monkeypatch.delitem(sys.modules, "suite_fused", raising=False)
+    import suite_fused
+    ctx = _Ctx(fi)
+    rows = []
+    for fam in (suite_fused.qknorm, suite_fused.kv, suite_fused.decode, suite_fused.host,
+                suite_fused.jax_calls):
+        rows += fam(ctx)
+    suite_rows.finish(rows, "TEST GPU", "deadbee")
+    p = tmp_path / "r.csv"
+    suite_rows.write(rows, p)
+    back = suite_rows.read(p)
+    assert len(back) == len(rows)
+    assert {r["family"] for r in back} == {"qknorm", "kv", "decode", "host", "jax"}
+    fwd = [r for r in back if r["family"] == "qknorm" and r["op"] == "fwd" and
+           r["impl"] == "cuprope"]
+    assert fwd[0]["frac_copy"] == pytest.approx(0.9) and fwd[0]["us"] == pytest.approx(100.0)
+    tc = [r for r in back if r["op"] == "fwd autograd" and r["impl"] == "torch-compile"]
+    assert tc[0]["ratio"] == pytest.approx(120 / 110)
+    host = [r for r in back if r["family"] == "host" and r["impl"] == "cuprope"]
+    assert [round(r["ratio"], 3) for r in host] == [round(11 / 10, 3), round(12 / 10, 3)]
+    st = {e["target"]: e for e in report.evaluate(back)}
+    kv = next(e for t, e in st.items() if t.startswith("KV append at decode"))
+    dec = next(e for t, e in st.items() if t.startswith("Plain RoPE at decode"))
+    if fi:
+        assert kv["status"] == "met" and kv["value"] == pytest.approx(1.2)
+        assert dec["status"] == "incomplete"  # fi_bench_bin has B 1, not B 64
+        assert any(r["impl"] == "flashinfer" and r["frac_copy"] == pytest.approx(0.41)
+                   for r in back)
+    else:
+        assert kv["status"] == dec["status"] == "no data"
+        assert not any(r["impl"].startswith("flashinfer") for r in back)
+        assert any("FlashInfer not run" in r["note"] for r in back if r["family"] == "kv")
+
+
+def _suite_ctx(fi_bin, quick=True):
+    import argparse
+
+    import bench_suite
+    return bench_suite.Ctx(argparse.Namespace(quick=quick, cases="", dtypes="", fi_bin=fi_bin))
+
+
+def test_flashinfer_lines_from_the_binary_absent_or_failing(tmp_path):
+    pytest.importorskip("torch")  # kvcache_bench imports torch
+    ctx = _suite_ctx(str(tmp_path / "nope"))
+    assert ctx.fi_lines() == [] and "no fi_bench_bin" in ctx.fi_note()
+    fake = tmp_path / "fi_bench_bin"
+    good = json.dumps(FI_LINES[1])
+    bad = json.dumps(dict(FI_LINES[0], err="an illegal memory access was encountered"))
+    fake.write_text(f"#!/bin/sh\necho '{good}'\necho '{bad}'\necho 'not json'\n")
+    fake.chmod(0o755)
+    ctx = _suite_ctx(str(fake))
+    assert ctx.fi_lines() == [FI_LINES[1]] and ctx.fi_note() == ""
+    fake.write_text("#!/bin/sh\necho boom >&2\nexit 3\n")
+    ctx = _suite_ctx(str(fake))
+    assert ctx.fi_lines() == [] and "exited with 3" in ctx.fi_note()
+
+
+def test_rotation_and_schemes_families_rows(monkeypatch):
+    import bench_suite
+
+    import cuprope.bench as cb
+    shape = cb.SHAPES["llama3-8b"]
+
+    def run_case(name, shp, op, dt, peers=True, reps=30):
+        rows = [cb.Row(name, op, dt, "copy", shp, 1000, 1e-4, 1e-4),
+                cb.Row(name, op, dt, "cuprope", shp, 1000, 1.02e-4, 1e-4)]
+        if peers:
+            rows.append(cb.Row(name, op, dt, "torch-compile", shp, 1000, 1.1e-4, 1e-4))
+        return rows
+
+    def run_scheme_case(name, shp, op, dt, reps=30):
+        return [cb.Row(name, op, dt, "copy", shp, 1000, 1e-4, 1e-4),
+                cb.Row(name, op, dt, "cuprope", shp, 1000, 1.25e-4, 1e-4)]
+    monkeypatch.setattr(cb, "run_case", run_case)
+    monkeypatch.setattr(cb, "run_scheme_case", run_scheme_case)
+    monkeypatch.setattr(bench_suite, "_liger_rotation", lambda *a: [])
+    fi = dict(FI_LINES[0], S=4096, B=4, bytes=1000, computed_us=120.0, cache_us=90.0,
+              ratio_computed=0.8, ratio_cache=0.95)
+    ctx = _suite_ctx("")
+    ctx._fi = [fi]
+    rows = bench_suite.rotation(ctx) + bench_suite.schemes(ctx)
+    suite_rows.finish(rows, "TEST GPU", "c")
+    rot = [r for r in rows if r["family"] == "rotation"]
+    assert {r["case"] for r in rot} == set(bench_suite.QUICK_CASES)
+    assert {r["op"] for r in rot} == {"qk_fwd", "qk_bwd"}
+    ours = [r for r in rot if r["impl"] == "cuprope"]
+    assert all(r["frac_copy"] == pytest.approx(1 / 1.02) for r in ours)
+    tc = [r for r in rot if r["impl"] == "torch-compile"]
+    assert tc and all(r["op"] == "qk_fwd" and r["ratio"] == pytest.approx(110 / 102) for r in tc)
+    f = [r for r in rot if r["impl"].startswith("flashinfer")]
+    assert [(r["case"], r["impl"], r["frac_copy"]) for r in f] == [
+        ("llama3-8b", "flashinfer", 0.8), ("llama3-8b", "flashinfer-cos-sin-cache", 0.95)]
+    assert f[0]["ratio"] == pytest.approx(120 / 102)
+    assert {r["family"] for r in rows} == {"rotation", "schemes", "lrpe"}
+    assert rot[0]["shape"] == "B {} S {} Hq {} Hk {} D {}".format(*shape[:5])
+
+
+def test_merge_joins_one_devices_csvs_and_refuses_two_devices(tmp_path):
+    import bench_suite
+    a, b, c, out = (tmp_path / n for n in ("a.csv", "b.csv", "c.csv", "out.csv"))
+    m = suite_rows.make
+    suite_rows.write(suite_rows.finish([m("rotation", "qk_fwd", "x", "bf16", "copy", 1.0),
+                                        m("kv", "append", "B 1", "bf16", "copy", 9.0)], "G", "1"), a)
+    suite_rows.write(suite_rows.finish([m("kv", "append", "B 1", "bf16", "copy", 2.0)], "G", "2"),
+                     b)
+    suite_rows.write(suite_rows.finish([m("jax", "f", "x", "bf16", "xla", 3.0)], "H", "3"), c)
+    assert bench_suite.main(["--merge", str(a), str(b), "--out", str(out)]) == 0
+    rows = suite_rows.read(out)
+    assert [(r["family"], r["us"]) for r in rows] == [("rotation", 1.0), ("kv", 2.0)]
+    with pytest.raises(SystemExit, match="different devices"):
+        bench_suite.main(["--merge", str(a), str(c), "--out", str(out)])
