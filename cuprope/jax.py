@@ -10,8 +10,8 @@ sharding, as a native XLA kernel launch.
   (their cotangent is zero).
 * ``rotate_1d(x, theta, *, offset=0, act="none", dim=None)``: LRPE, as
   ``cuprope.lrpe.rotate_1d_forward``; ``theta`` must be concrete (a NumPy
-  array or list). Softmax over the sequence (``dim=1``) runs on the CPU
-  backend only.
+  array or list). Softmax over the sequence (``dim=1``) lowers to two kernel
+  calls on a GPU: its statistics pass, then the rotation.
 
 Every function is differentiable (``jax.custom_vjp``: cuprope's backward
 through the same kernels), batches under ``jax.vmap`` (a leading axis of the

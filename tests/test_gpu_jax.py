@@ -120,6 +120,30 @@ def test_tables_and_lrpe_under_jit(dtype, rng):
                                          dim=dim))
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape,theta_rows", [((2, 37, 3, 64), 1), ((3, 70, 48), 1),
+                                              ((1, 9, 5, 32), 5)])
+def test_lrpe_softmax_over_the_sequence_under_jit(shape, theta_rows, dtype, rng):
+    """LRPE's softmax over the sequence (dim=1) under jit: the statistics pass
+    as its own kernel call (the flat entry's one-dimensional blocks), then the
+    rotation reading them; forward and the fused backward equal the eager
+    calls bit for bit (3-D and 4-D x, shared and per-head θ, B*H*D/2 not a
+    multiple of 32, N not a multiple of the slices), and again under jit
+    (determinism)."""
+    x = _rand(rng, shape, dtype) * 3
+    e = shape[-1] // 2 - 4
+    theta = rng.uniform(0.01, 1.0, (theta_rows, e) if theta_rows > 1 else (e,))
+    f = jax.jit(lambda x: cjax.rotate_1d(x, theta, offset=7, act="softmax", dim=1))
+    y = f(x)
+    _same(y, lrpe.rotate_1d_forward(x, theta, offset=7, act="softmax", dim=1))
+    _same(f(x), y)
+    g = _rand(rng, shape, dtype)
+    _, vjp = jax.vjp(lambda x: cjax.rotate_1d(x, theta, offset=7, act="softmax", dim=1), x)
+    dx, = jax.jit(vjp)(g)
+    _same(dx, lrpe.rotate_1d_backward(x, g, theta, offset=7, act="softmax", dim=1))
+    _same(jax.jit(vjp)(g)[0], dx)
+
+
 _GRAPH_SCRIPT = r"""
 import numpy as np, jax, jax.numpy as jnp, cuprope
 from cuprope import jax as cjax
