@@ -151,6 +151,10 @@ def _batch(args, dims, *, call):
 
 batching.primitive_batchers[rope_p] = _batch
 
+# under jax.sharding (a GPU backend): the call on each shard's local operands
+_PARTITIONED = jax_sharding.Partitioned(lambda call, *ops: tuple(rope_p.bind(*ops, call=call)),
+                                        jax_sharding.rope_rule)
+
 
 # ---------------------------------------------------------------- autodiff
 
@@ -161,7 +165,7 @@ def _bind(call, xs, extras):
         # under vmap (custom_partitioning has no batching rule; the
         # primitive's own rule applies), or on the CPU backend: not partitioned
         return tuple(rope_p.bind(*operands, call=call))
-    return jax_sharding.partitioned(call, *operands)
+    return _PARTITIONED(call, *operands)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
