@@ -656,3 +656,34 @@ def test_qk_norm_sharded_on_two_cpu_devices():
                          text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-4000:]
     assert "qk-norm sharded ok" in out.stdout
+
+
+def test_qk_norm_partial_weight_gradients_plan_and_rule():
+    """The partial backward (``dw_f32``: per-shard weight gradients to be
+    summed across shards) plans the reduction kernel writing float32, and the
+    sharding rule keeps weights replicated, heads whole for a token norm, and
+    sums each weight's gradient over its own tensor's factors."""
+    import dataclasses
+
+    from cuprope._core import qknorm_launch as ql
+    from cuprope.jax_qknorm import QkNormStatic, launch_plan, sharding_rule
+    cfg = cuprope.RopeConfig(16)
+    call = QkNormStatic(cfg.key, backward=True, has_pos=True, has_qw=True, has_kw=True)
+    shapes = [(2, 5, 4, 16), (2, 5, 2, 16)] * 2 + [(2, 5), (16,), (16,)]
+    bf = [jax.core.ShapedArray(s, jnp.int32 if len(s) == 2 else jnp.bfloat16) for s in shapes]
+    plan = launch_plan(dataclasses.replace(call, dw_f32=True), bf, 132)
+    assert [launch.results for launch in plan[1:]] == [(((16,), np.dtype(np.float32)),)] * 2
+    assert all(launch.params[-1][1] == ql.W_DTYPE["float32"] for launch in plan[1:])
+    plan = launch_plan(call, bf, 132)
+    assert all(launch.params[-1][1] == ql.W_DTYPE["bfloat16"] for launch in plan[1:])
+    rule = sharding_rule(call, shapes)
+    assert rule.operands == [list("bshd"), list("bsgd")] * 2 + [["b", "s"], ["w"], ["v"]]
+    assert rule.results == [list("bshd"), list("bsgd"), ["w"], ["v"]]
+    assert {"w", "v", "s", "d"} <= rule.keep and not {"b", "h", "g"} & rule.keep
+    assert rule.sums == ((2, list("bshd")), (3, list("bsgd")))
+    token = sharding_rule(dataclasses.replace(call, norm_over="token"),
+                          shapes[:5] + [(64,), (32,)])
+    assert {"h", "g"} <= token.keep and "b" not in token.keep
+    mha = sharding_rule(dataclasses.replace(call, backward=False, has_qw=False, has_kw=False),
+                        [(2, 5, 4, 16), (2, 5, 4, 16), (5,)])
+    assert mha.operands == [list("bshd"), list("bshd"), ["s"]] and mha.sums == ()
