@@ -279,9 +279,10 @@ def lower_cuda(ctx, *ins, call):
             operands.append(op)
             layouts.append(lay)
     params += [scalar_param(words[i]) for i in args.FLAT_WORDS]
+    extra = [] if stats is None else [stats_aval]
     out = kernel_call(loader.flat_kernel_name(*spec.key), grid=spec.grid,
                       warps=spec.block[0] // 32, smem=spec.smem, params=params,
                       operands=operands, operand_layouts=layouts,
-                      result_avals=list(ctx.avals_out) + ([stats_aval] if stats is not None else []),
+                      result_avals=list(ctx.avals_out) + extra,
                       operand_output_aliases=None if stats is None else {1: len(ctx.avals_out)})
     return out[:len(ctx.avals_out)]
