@@ -24,18 +24,12 @@ writes the float32 partial rows of the weight gradient as a scratch result,
 then ``qknorm_dw_kernel`` per weight. On the CPU backend it runs the NumPy
 backend through ``jax.pure_callback``.
 
-Under ``jax.sharding`` (a GPU backend) the call partitions like
-``cuprope.jax.rope_qk`` (``cuprope._core.jax_sharding``): batch and head dims
-stay sharded, each shard runs the kernels on its local shapes; a norm over
-the whole token (``norm_over="token"``) keeps the heads whole, and so does a
-per-head frequency table; weights, the sequence and the head dim are
-replicated. The backward's weight gradients are then per-shard partials,
-formed in float32 and summed across the mesh axes that shard q's (k's) batch
-and heads before the cast to the weight's dtype. Under ``shard_map`` the
-results vary over every mesh axis an operand varies over, and the gradient
-of a weight that does not vary (replicated) is summed across the axes q and
-k vary over, in float32 as above: ``jax.grad`` of a loss over replicated
-weights gives the full gradient on every shard.
+Under ``jax.sharding`` (a GPU backend) it partitions like ``rope_qk``: batch
+and heads stay sharded (``norm_over="token"`` or per-head frequencies keep
+the heads whole), weights are replicated, each shard runs the kernels on its
+local shapes, and a weight's gradient is the float32 sum of the shards'
+partials, cast once. Under ``shard_map`` results vary over every mesh axis an
+operand varies over; a replicated weight's gradient is summed the same way.
 """
 from __future__ import annotations
 
@@ -66,9 +60,8 @@ class QkNormStatic:
     The primitive's operands: q, k, then (backward) grad_q, grad_k, then cos
     and sin (``has_tables``) or positions / seq_offsets (``has_pos`` /
     ``has_seq``), then the weights present (``has_qw``, ``has_kw``). Results:
-    q_out, k_out, or dq, dk and the present weights' gradients (float32,
-    not rounded to the weights' dtype, with ``dw_f32``: partials to be summed
-    across shards)."""
+    q_out, k_out, or dq, dk and the present weights' gradients (float32
+    with ``dw_f32``: partials to be summed across shards)."""
 
     key: int
     backward: bool = False
