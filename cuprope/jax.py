@@ -10,8 +10,8 @@ sharding, as a native XLA kernel launch.
   (their cotangent is zero).
 * ``rotate_1d(x, theta, *, offset=0, act="none", dim=None)``: LRPE, as
   ``cuprope.lrpe.rotate_1d_forward``; ``theta`` must be concrete (a NumPy
-  array or list). Softmax over the sequence (``dim=1``) runs on the CPU
-  backend only.
+  array or list). Softmax over the sequence (``dim=1``) lowers to two kernel
+  calls on a GPU: its statistics pass, then the rotation.
 
 Every function is differentiable (``jax.custom_vjp``: cuprope's backward
 through the same kernels), batches under ``jax.vmap`` (a leading axis of the
@@ -151,6 +151,10 @@ def _batch(args, dims, *, call):
 
 batching.primitive_batchers[rope_p] = _batch
 
+# under jax.sharding (a GPU backend): the call on each shard's local operands
+_PARTITIONED = jax_sharding.Partitioned(lambda call, *ops: tuple(rope_p.bind(*ops, call=call)),
+                                        jax_sharding.rope_rule)
+
 
 # ---------------------------------------------------------------- autodiff
 
@@ -161,7 +165,7 @@ def _bind(call, xs, extras):
         # under vmap (custom_partitioning has no batching rule; the
         # primitive's own rule applies), or on the CPU backend: not partitioned
         return tuple(rope_p.bind(*operands, call=call))
-    return jax_sharding.partitioned(call, *operands)
+    return _PARTITIONED(call, *operands)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))

@@ -22,8 +22,14 @@ computes them for both), so results equal the eager call's bit for bit. The
 backward with weights is two or three custom calls: the kernel, which also
 writes the float32 partial rows of the weight gradient as a scratch result,
 then ``qknorm_dw_kernel`` per weight. On the CPU backend it runs the NumPy
-backend through ``jax.pure_callback``. The call is not partitioned under
-``jax.sharding`` (XLA runs it on replicated operands).
+backend through ``jax.pure_callback``.
+
+Under ``jax.sharding`` (a GPU backend) it partitions like ``rope_qk``: batch
+and heads stay sharded (``norm_over="token"`` or per-head frequencies keep
+the heads whole), weights are replicated, each shard runs the kernels on its
+local shapes, and a weight's gradient is the float32 sum of the shards'
+partials, cast once. Under ``shard_map`` results vary over every mesh axis an
+operand varies over; a replicated weight's gradient is summed the same way.
 """
 from __future__ import annotations
 
@@ -37,10 +43,11 @@ from jax.extend.core import Primitive
 from jax.interpreters import batching, mlir
 
 from . import qknorm
-from ._core import loader, xla
+from ._core import jax_sharding, loader, xla
 from ._core import qknorm_launch as ql
 from ._core.jax_common import (NOT_MAPPED, batch_size_and_front, host_lowering, map_each,
-                               static_offset, zero_cotangent)
+                               reduce_to, static_offset, varying_axes, with_varying,
+                               zero_cotangent)
 from .config import RopeConfig, config_by_key
 
 __all__ = ["rope_qk_norm", "QkNormStatic", "launch_plan"]
@@ -53,7 +60,8 @@ class QkNormStatic:
     The primitive's operands: q, k, then (backward) grad_q, grad_k, then cos
     and sin (``has_tables``) or positions / seq_offsets (``has_pos`` /
     ``has_seq``), then the weights present (``has_qw``, ``has_kw``). Results:
-    q_out, k_out, or dq, dk and the present weights' gradients."""
+    q_out, k_out, or dq, dk and the present weights' gradients (float32
+    with ``dw_f32``: partials to be summed across shards)."""
 
     key: int
     backward: bool = False
@@ -69,6 +77,7 @@ class QkNormStatic:
     has_seq: bool = False
     has_qw: bool = False
     has_kw: bool = False
+    dw_f32: bool = False
 
     def split(self, operands):
         """The operands by name (None where absent)."""
@@ -107,11 +116,16 @@ class QkNormStatic:
 # ---------------------------------------------------------------- the primitive
 
 def _abstract(*avals, call):
-    shapes = [avals[0], avals[1]]
+    """Results shaped like q and k (like the weights for their gradients),
+    varying over every mesh axis an operand varies over (``shard_map``)."""
+    axes = frozenset().union(*(varying_axes(a) for a in avals))
+    out = [with_varying(a, axes, weak_type=False) for a in avals[:2]]
     if call.backward:
         a = call.split(avals)
-        shapes += [w for w in (a["qw"], a["kw"]) if w is not None]
-    return [jax.core.ShapedArray(a.shape, a.dtype) for a in shapes]
+        out += [with_varying(w, axes, weak_type=False,
+                             dtype=np.dtype(np.float32) if call.dw_f32 else w.dtype)
+                for w in (a["qw"], a["kw"]) if w is not None]
+    return out
 
 
 qknorm_p = Primitive("cuprope_rope_qk_norm")
@@ -125,8 +139,12 @@ def _host_call(call, *arrays):
     a = call.split(arrays)
     cfg = config_by_key(call.key)
     if call.backward:
-        res = qknorm.rope_qk_norm_backward(a["q"], a["k"], a["gq"], a["gk"], cfg,
-                                           **call.keywords(a))
+        kw = call.keywords(a)
+        c = qknorm.QkNormCall.of(a["q"], a["k"], a["gq"], a["gk"], cfg, kw["q_weight"],
+                                 kw["k_weight"], call.eps, call.norm, call.weight_offset,
+                                 call.order, call.norm_over, call.rounding, kw["tables"],
+                                 kw["positions"], call.offset, kw["seq_offsets"])
+        res = c.host_backward(None, dw_dtype=np.float32 if call.dw_f32 else None)
         res = [r for r in res if r is not None]
     else:
         res = qknorm.rope_qk_norm_forward(a["q"], a["k"], cfg, **call.keywords(a))
@@ -194,12 +212,13 @@ def launch_plan(call: QkNormStatic, avals, sms: int) -> list[KernelLaunch]:
         results.append(((geo.part_rows * geo.part_cols,), np.dtype(np.float32)))
     plan = [KernelLaunch(geo.flat_name, (geo.blocks, 1, 1), ql.WARPS, geo.smem, tuple(params),
                          tuple(operands), tuple(results))]
-    for i, blocks, scalars, w_dtype in (ql.dw_launches(c, geo) if call.backward else ()):
+    for i, blocks, scalars, _ in (ql.dw_launches(c, geo) if call.backward else ()):
         w = avals[a["qw" if i == 0 else "kw"]]
+        out_dtype = np.dtype(np.float32 if call.dw_f32 else w.dtype)
         params = ((xla.array_param(),) + tuple(xla.scalar_param(v) for v in scalars)
-                  + (xla.array_param(), xla.scalar_param(w_dtype)))
+                  + (xla.array_param(), xla.scalar_param(ql.W_DTYPE[out_dtype.name])))
         plan.append(KernelLaunch(loader.QKNORM_DW_KERNEL, (blocks, 1, 1), ql.WARPS, 0, params,
-                                 (("part",),), ((tuple(w.shape), np.dtype(w.dtype)),)))
+                                 (("part",),), ((tuple(w.shape), out_dtype),)))
     return plan
 
 
@@ -270,14 +289,67 @@ def _batch(args, dims, *, call):
 batching.primitive_batchers[qknorm_p] = _batch
 
 
+# ---------------------------------------------------------------- sharding
+
+def sharding_rule(call, shapes) -> jax_sharding.Rule:
+    """The call's factors (``cuprope._core.jax_sharding``): q, k (and their
+    gradients) by layout, positions / seq_offsets / tables as for rope_qk,
+    weights ``w`` (q's) and ``v`` (k's) replicated; the heads kept whole for
+    a norm over the token or per-head frequencies. Backward: each weight's
+    gradient sums over its tensor's factors."""
+    cfg = config_by_key(call.key)
+    xs, heads = jax_sharding.tensor_factors(cfg.layout, 2, shapes[0] == shapes[1])
+    ops = xs + (xs if call.backward else [])
+    i = len(ops)
+    if call.has_tables:
+        ops += [jax_sharding.table_factors(shapes[i])] * 2
+    if call.has_pos:
+        ops.append(jax_sharding.position_factors(cfg, len(shapes[len(ops)])))
+    if call.has_seq:
+        ops.append(["b"])
+    wf = [f for f, has in (("w", call.has_qw), ("v", call.has_kw)) if has]
+    ops += [[f] for f in wf]
+    keep = {"s", "d", "t", "r", "u", "w", "v"}
+    if call.norm_over == "token" or cfg.per_head:
+        keep.update(heads)
+    results, sums = list(xs), ()
+    if call.backward:
+        results += [[f] for f in wf]
+        sums = tuple((2 + j, xs[0 if f == "w" else 1]) for j, f in enumerate(wf))
+    return jax_sharding.Rule(ops, results, frozenset(keep), sums)
+
+
+def local_call(call, sums, *operands):
+    """One shard's call: where a weight gradient sums over sharded axes, its
+    float32 partial is summed across them, then cast to the weight's dtype."""
+    if not any(sums.values()):
+        return tuple(qknorm_p.bind(*operands, call=call))
+    out = qknorm_p.bind(*operands, call=dataclasses.replace(call, dw_f32=True))
+    a = call.split(operands)
+    ws = [w for w in (a["qw"], a["kw"]) if w is not None]
+    dws = [jax.lax.psum(dw, sums[2 + j]) if sums.get(2 + j) else dw
+           for j, dw in enumerate(out[2:])]
+    return tuple(out[:2]) + tuple(dw.astype(w.dtype) for dw, w in zip(dws, ws))
+
+
+_PARTITIONED = jax_sharding.Partitioned(
+    lambda call, *ops: tuple(qknorm_p.bind(*ops, call=call)), sharding_rule, local_call)
+
+
 # ---------------------------------------------------------------- autodiff
 
 def _bind(call, operands):
-    call.library_call([xla.AvalInfo(jax.typeof(x)) for x in operands])
-    avals = _abstract(*[jax.typeof(x) for x in operands], call=call)
+    avals_in = [jax.typeof(x) for x in operands]
+    call.library_call([xla.AvalInfo(a) for a in avals_in])
+    avals = _abstract(*avals_in, call=call)
     if all(int(np.prod(x.shape)) == 0 for x in avals[:2]):  # nothing to launch
         return tuple(jnp.zeros(x.shape, x.dtype) for x in avals)
-    return tuple(qknorm_p.bind(*operands, call=call))
+    if (any(hasattr(x, "batch_dim") for x in operands) or not jax_sharding.enabled()
+            or any(varying_axes(a) for a in avals_in)):
+        # under vmap (custom_partitioning has no batching rule), on the CPU
+        # backend, or under shard_map (the operands are already local)
+        return tuple(qknorm_p.bind(*operands, call=call))
+    return _PARTITIONED(call, *operands)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
@@ -291,9 +363,16 @@ def _apply_fwd(call, xs, weights, extras):
 
 def _apply_bwd(call, res, grads):
     xs, weights, extras = res
-    back = dataclasses.replace(call, backward=True)
-    out = _bind(back, tuple(xs) + tuple(grads) + tuple(extras) + tuple(weights))
-    return tuple(out[:2]), tuple(out[2:]), tuple(zero_cotangent(e) for e in extras)
+    operands = tuple(xs) + tuple(grads) + tuple(extras) + tuple(weights)
+    # under shard_map: a weight that varies over fewer mesh axes than the
+    # call gets its gradient summed over the others (float32 partials)
+    axes = frozenset().union(*(varying_axes(jax.typeof(x)) for x in operands))
+    partial = any(axes - varying_axes(jax.typeof(w)) for w in weights)
+    back = dataclasses.replace(call, backward=True, dw_f32=partial)
+    out = _bind(back, operands)
+    dxs = tuple(reduce_to(d, x) for d, x in zip(out[:2], xs))
+    dws = tuple(reduce_to(d, w, w.dtype) for d, w in zip(out[2:], weights))
+    return dxs, dws, tuple(zero_cotangent(e) for e in extras)
 
 
 _apply.defvjp(_apply_fwd, _apply_bwd)

@@ -267,7 +267,9 @@ class QkNormCall:
                                               **self._model_kw(kw)))
         return host.finish(self.infos, out_infos, results, self.layout)
 
-    def host_backward(self, out_infos):
+    def host_backward(self, out_infos, dw_dtype=None):
+        """NumPy backend of the backward; the weight gradients rounded to
+        ``dw_dtype`` (default: the weights' dtype)."""
         kw = self._host_settings()
         dxs, dws = [], []
         for i, (info, ginfo) in enumerate(zip(self.infos, self.ginfos)):
@@ -280,7 +282,7 @@ class QkNormCall:
             dxs.append(dx)
             w = self.winfos[i]
             dws.append(None if dw is None else host.from_numpy(
-                w, reference.round_to_dtype(dw, host.to_numpy(w).dtype)))
+                w, reference.round_to_dtype(dw, dw_dtype or host.to_numpy(w).dtype)))
         return host.finish(self.ginfos, out_infos, dxs, self.layout) + tuple(dws)
 
     # ------------------------------------------------------------ GPU

@@ -343,68 +343,32 @@ __device__ __forceinline__ void seq_acc_add(float& m, double& l, double& q, floa
 
 template <typename T, bool BWD>
 __global__ void __launch_bounds__(32 * kSeqSlices) lrpe_seq_stats_kernel(const RopeArgs a) {
-  __shared__ float sm_m[kSeqSlices][2][32];
-  __shared__ double sm_l[kSeqSlices][2][32];
-  __shared__ double sm_q[BWD ? kSeqSlices : 1][2][32];
-  const long long npairs = a.rot_dim >> 1;
-  const long long heads = a.heads[0];
-  const long long col = static_cast<long long>(blockIdx.x) * 32 + threadIdx.x;
-  const bool live = col < a.n_batch * heads * npairs;
-  const long long j = col % npairs;
-  const long long bh = col / npairs;  // b * H + h
-  const long long h = bh % heads;
-  const long long b = bh / heads;
-  float m[2] = {neg_inf(), neg_inf()};
-  double l[2] = {0.0, 0.0}, q[2] = {0.0, 0.0};
-  if (live) {
-    const T* xp = reinterpret_cast<const T*>(BWD ? a.aux_ptr : a.in_ptr[0]) +
-                  (b * (BWD ? a.aux_sb : a.in_sb[0]) + h * (BWD ? a.aux_sh : a.in_sh[0]) + j);
-    const long long xss = BWD ? a.aux_ss : a.in_ss[0];
-    const T* gp = reinterpret_cast<const T*>(a.in_ptr[0]) + (b * a.in_sb[0] + h * a.in_sh[0] + j);
-    for (long long n = threadIdx.y; n < a.n_seq; n += kSeqSlices) {
-      const float x1 = to_f32(xp[n * xss]);
-      const float x2 = to_f32(xp[n * xss + npairs]);
-      float g1 = 0.f, g2 = 0.f;
-      if constexpr (BWD) {
-        const float d1 = to_f32(gp[n * a.in_ss[0]]);
-        const float d2 = to_f32(gp[n * a.in_ss[0] + npairs]);
-        const float2 cs = pair_cos_sin(a, static_cast<unsigned>(b), static_cast<unsigned>(n),
-                                       static_cast<int>(j), h);
-        g1 = d1 * cs.x - d2 * cs.y;  // cs.y = -sin: the transposed rotation
-        g2 = d2 * cs.x + d1 * cs.y;
-      }
-      seq_acc_add<BWD>(m[0], l[0], q[0], x1, g1);
-      seq_acc_add<BWD>(m[1], l[1], q[1], x2, g2);
-    }
-  }
-#pragma unroll
-  for (int k = 0; k < 2; ++k) {
-    sm_m[threadIdx.y][k][threadIdx.x] = m[k];
-    sm_l[threadIdx.y][k][threadIdx.x] = l[k];
-    if constexpr (BWD) sm_q[threadIdx.y][k][threadIdx.x] = q[k];
+#include "lrpe_seq_stats_body.cuh"
+}
+
+// Flat entry of the statistics pass for launchers with one-dimensional
+// blocks and flat parameters (jaxlib's GPU kernel call; cuprope/_core/xla.py):
+// blocks of 32 * kSeqSlices threads, thread i standing for (i % 32, i / 32)
+// of the by-value kernel's (32, kSeqSlices) block. ``args`` points to the
+// packed RopeArgs (an XLA constant); the buffers XLA passes replace its
+// pointer words: x (dO in the backward), the frequency table, aux (x in the
+// backward; 0 in the forward) and the float statistics planes written here.
+template <typename T, bool BWD>
+__global__ void __launch_bounds__(32 * kSeqSlices)
+    lrpe_seq_stats_flat_kernel(const RopeArgs* args, long long in0, long long inv_freq,
+                               long long aux, long long stats) {
+  __shared__ RopeArgs a;
+  if (threadIdx.x == 0) {
+    a = *args;
+    a.in_ptr[0] = in0;
+    a.inv_freq_ptr = inv_freq;
+    a.aux_ptr = aux;
+    a.stats_ptr = stats;
   }
   __syncthreads();
-  if (threadIdx.y != 0 || !live) return;
-  float* st = reinterpret_cast<float*>(a.stats_ptr);
-#pragma unroll
-  for (int k = 0; k < 2; ++k) {
-    float mx = neg_inf();
-#pragma unroll
-    for (int i = 0; i < kSeqSlices; ++i) mx = fmaxf(mx, sm_m[i][k][threadIdx.x]);
-    const float ref = softmax_ref(mx);
-    double sum = 0.0, dot = 0.0;
-#pragma unroll
-    for (int i = 0; i < kSeqSlices; ++i) {
-      const float mi = sm_m[i][k][threadIdx.x];
-      const double f = mi == neg_inf() ? 0.0 : static_cast<double>(expf(mi - ref));
-      sum += sm_l[i][k][threadIdx.x] * f;
-      if constexpr (BWD) dot += sm_q[i][k][threadIdx.x] * f;
-    }
-    const long long idx = bh * a.head_dim + j + k * npairs;
-    st[idx] = ref;
-    st[a.stats_plane + idx] = static_cast<float>(sum);
-    if constexpr (BWD) st[2 * a.stats_plane + idx] = static_cast<float>(dot / sum);
-  }
+  // the body's threadIdx: this thread's place in the (32, kSeqSlices) block
+  const uint3 threadIdx = make_uint3(::threadIdx.x % 32, ::threadIdx.x / 32, 0);
+#include "lrpe_seq_stats_body.cuh"
 }
 
 }  // namespace cuprope

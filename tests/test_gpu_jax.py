@@ -120,6 +120,30 @@ def test_tables_and_lrpe_under_jit(dtype, rng):
                                          dim=dim))
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape,theta_rows", [((2, 37, 3, 64), 1), ((3, 70, 48), 1),
+                                              ((1, 9, 5, 32), 5)])
+def test_lrpe_softmax_over_the_sequence_under_jit(shape, theta_rows, dtype, rng):
+    """LRPE's softmax over the sequence (dim=1) under jit: the statistics pass
+    as its own kernel call (the flat entry's one-dimensional blocks), then the
+    rotation reading them; forward and the fused backward equal the eager
+    calls bit for bit (3-D and 4-D x, shared and per-head θ, B*H*D/2 not a
+    multiple of 32, N not a multiple of the slices), and again under jit
+    (determinism)."""
+    x = _rand(rng, shape, dtype) * 3
+    e = shape[-1] // 2 - 4
+    theta = rng.uniform(0.01, 1.0, (theta_rows, e) if theta_rows > 1 else (e,))
+    f = jax.jit(lambda x: cjax.rotate_1d(x, theta, offset=7, act="softmax", dim=1))
+    y = f(x)
+    _same(y, lrpe.rotate_1d_forward(x, theta, offset=7, act="softmax", dim=1))
+    _same(f(x), y)
+    g = _rand(rng, shape, dtype)
+    _, vjp = jax.vjp(lambda x: cjax.rotate_1d(x, theta, offset=7, act="softmax", dim=1), x)
+    dx, = jax.jit(vjp)(g)
+    _same(dx, lrpe.rotate_1d_backward(x, g, theta, offset=7, act="softmax", dim=1))
+    _same(jax.jit(vjp)(g)[0], dx)
+
+
 _GRAPH_SCRIPT = r"""
 import numpy as np, jax, jax.numpy as jnp, cuprope
 from cuprope import jax as cjax
@@ -301,3 +325,31 @@ def test_qk_norm_vmap_on_the_gpu(dtype, rng):
         ea, eb = qknorm.rope_qk_norm_forward(q[v], k[v], cfg, q_weight=wq, positions=pos[v])
         _same(la[v], ea)
         _same(lb[v], eb)
+
+
+@pytest.mark.parametrize("w_dtype", ["bfloat16", "float32"])
+def test_qk_norm_grad_under_shard_map_on_one_gpu(w_dtype, rng):
+    """jax.grad under shard_map (a one-GPU mesh): the results vary over the
+    mesh axis, the replicated weights' gradients come from the float32
+    partial path (the reduction kernel writing float32, psum, cast), which
+    equals the plain jit's gradient bit for bit (one shard: the same float32
+    sum, rounded once)."""
+    from jax.sharding import Mesh
+    from jax.sharding import PartitionSpec as P
+    cfg = cuprope.RopeConfig(64, base=1e6)
+    q, k = _rand(rng, (2, 19, 4, 64), "bfloat16"), _rand(rng, (2, 19, 2, 64), "bfloat16")
+    qw = jnp.asarray(rng.uniform(0.5, 1.5, 64), w_dtype)
+    kw = jnp.asarray(rng.uniform(0.5, 1.5, 64), w_dtype)
+    gq, gk = _rand(rng, q.shape, "bfloat16"), _rand(rng, k.shape, "bfloat16")
+
+    def loss(q, k, qw, kw):
+        a, b = cjax.rope_qk_norm(q, k, cfg, q_weight=qw, k_weight=kw)
+        return jnp.sum(a.astype(jnp.float32) * gq) + jnp.sum(b.astype(jnp.float32) * gk)
+    grad = jax.grad(loss, argnums=(0, 1, 2, 3))
+    want = jax.jit(grad)(q, k, qw, kw)
+    mesh = Mesh(np.array(jax.devices("gpu")[:1]), ("x",))
+    sm = jax.shard_map(lambda *a: grad(*a), mesh=mesh, in_specs=(P("x"), P("x"), P(), P()),
+                       out_specs=(P("x"), P("x"), P(), P()))
+    got = jax.jit(sm)(q, k, qw, kw)
+    for g, w in zip(got, want):
+        _same(g, w)

@@ -232,3 +232,83 @@ def test_multi_device_logic_on_two_host_cpu_devices():
                          text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-4000:]
     assert "multi ok" in out.stdout
+
+
+# ---------------------------------------------------------------- fused QK-norm + RoPE on two GPUs
+
+def qk_norm_step(norm_over):
+    """jit of (q_out, k_out, dq, dk, dq_weight, dk_weight): rope_qk_norm and its
+    VJP at (gq, gk), the weights differentiated too."""
+    def fn(q, k, gq, gk, pos, qw, kw):
+        def f(q, k, qw, kw):
+            return cjax.rope_qk_norm(q, k, CFG, q_weight=qw, k_weight=kw, positions=pos,
+                                     norm_over=norm_over)
+        out, vjp = jax.vjp(f, q, k, qw, kw)
+        return tuple(out) + tuple(vjp((gq, gk)))
+    return fn
+
+
+def _qk_weights(seed, hk, norm_over, dtype):
+    rng = np.random.default_rng(seed + 100)
+    nq, nk = (D, D) if norm_over == "head" else (4 * D, hk * D)
+    return (rng.uniform(0.5, 1.5, nq).astype(dtype), rng.uniform(0.5, 1.5, nk).astype(dtype))
+
+
+def _close_dw(got, want, dtype, what):
+    """Weight gradients summed in another order (float32 partials per shard,
+    rounded once to the weight's dtype): 2**-13 of the largest entry (float32
+    sums of ~400 terms in another order; a lost or doubled shard is off by
+    tens of percent), one ulp of the dtype."""
+    g, w = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    assert np.asarray(got).dtype == np.asarray(want).dtype, what
+    ulp = 2.0 ** -7 if dtype != np.float32 else 2.0 ** -23
+    np.testing.assert_allclose(g, w, rtol=ulp, atol=2.0 ** -13 * np.abs(w).max(), err_msg=what)
+
+
+@_on_two_gpus
+@pytest.mark.parametrize("norm_over", ["head", "token"])
+@pytest.mark.parametrize("w_dtype", ["bfloat16", "float32"])
+def test_qk_norm_sharded_over_two_gpus_equals_one_gpu(norm_over, w_dtype):
+    """rope_qk_norm under jit on NamedSharding inputs (batch-sharded GQA,
+    head-sharded MHA) and under shard_map over the batch: outputs, dq and dk
+    equal one GPU's bits, the weight gradients (summed across the GPUs in
+    float32) equal it to the summation order; outputs split over both GPUs
+    where the norm allows (a token norm gathers the heads), and the compiled
+    program launches the kernel on the local shapes."""
+    import ml_dtypes
+    devices = _gpus()
+    mesh = _mesh(devices)
+    dtype = ml_dtypes.bfloat16 if w_dtype == "bfloat16" else np.float32
+    step = jax.jit(qk_norm_step(norm_over))
+    for name, hk, spec, pspec, dim in (
+            ("batch", 2, P("x", None, None, None), P("x", None), 0),
+            ("heads", 4, P(None, None, "x", None), P(), 2)):
+        arrays = inputs(7, hk) + _qk_weights(7, hk, norm_over, dtype)
+        want = step(*[jax.device_put(jnp.asarray(a), devices[0]) for a in arrays])
+        put = [jax.device_put(jnp.asarray(a), NamedSharding(mesh, spec)) for a in arrays[:4]]
+        put += [jax.device_put(jnp.asarray(arrays[4]), NamedSharding(mesh, pspec))]
+        put += [jax.device_put(jnp.asarray(w), NamedSharding(mesh, P())) for w in arrays[5:]]
+        got = step(*put)
+        for o, w, what in zip(got[:4], want[:4], ("q_out", "k_out", "dq", "dk")):
+            same_bits(o, w, f"{name}-sharded {norm_over} {what}")
+            if norm_over == "head" or name == "batch":
+                check_shards(o, devices, dim, f"{name}-sharded {what}")
+        for o, w, what in zip(got[4:], want[4:], ("dq_weight", "dk_weight")):
+            _close_dw(o, w, dtype, f"{name}-sharded {norm_over} {what}")
+        hlo = step.lower(*put).compile().as_text()
+        calls = [line for line in hlo.splitlines()
+                 if "custom-call" in line and "triton_kernel_call" in line]
+        local_q = "bf16[2,24,4,64]" if name == "batch" else (
+            "bf16[4,24,2,64]" if norm_over == "head" else "bf16[4,24,4,64]")
+        assert calls and any(local_q in line for line in calls), (name, norm_over, calls)
+    arrays = inputs(8, 2) + _qk_weights(8, 2, norm_over, dtype)
+    want = step(*[jax.device_put(jnp.asarray(a), devices[0]) for a in arrays])
+    sm = jax.jit(jax.shard_map(qk_norm_step(norm_over), mesh=mesh,
+                               in_specs=(P("x"),) * 5 + (P(), P()),
+                               out_specs=(P("x"),) * 4 + (P(), P())))
+    got = sm(*[jax.device_put(jnp.asarray(a), NamedSharding(mesh, P("x") if i < 5 else P()))
+               for i, a in enumerate(arrays)])
+    for o, w, what in zip(got[:4], want[:4], ("q_out", "k_out", "dq", "dk")):
+        same_bits(o, w, f"shard_map {norm_over} {what}")
+    for o, w, what in zip(got[4:], want[4:], ("dq_weight", "dk_weight")):
+        _close_dw(o, w, dtype, f"shard_map {norm_over} {what}")

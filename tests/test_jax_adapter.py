@@ -493,3 +493,197 @@ def test_qk_norm_gpu_lowering_plan_built_on_the_cpu(case, backward, dtype, fast)
             ("scalar", ql.W_DTYPE[np.dtype(w.dtype).name])]
         assert launch.results == ((w.shape, np.dtype(w.dtype)),)
         col0 += w.shape[0]
+
+
+# ---------------------------------------------------------------- QK-norm under sharding
+_QK_SHARDED = r"""
+import numpy as np, jax, jax.numpy as jnp, cuprope
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from cuprope import jax as cjax
+from cuprope import jax_qknorm
+from cuprope._core import jax_sharding
+assert len(jax.devices()) == 2, jax.devices()
+mesh = Mesh(np.array(jax.devices()), ("x",))
+rng = np.random.default_rng(0)
+cfg = cuprope.RopeConfig(16, base=500.0)
+q = jnp.asarray(rng.standard_normal((4, 5, 4, 16)), jnp.bfloat16)
+k = jnp.asarray(rng.standard_normal((4, 5, 2, 16)), jnp.bfloat16)
+pos = jnp.asarray(rng.integers(0, 1000, (4, 5)), jnp.int32)
+G = (jnp.asarray(rng.standard_normal(q.shape), jnp.bfloat16),
+     jnp.asarray(rng.standard_normal(k.shape), jnp.bfloat16))
+CASES = {"head": dict(norm_over="head", n=(16, 16)), "token": dict(norm_over="token", n=(64, 32))}
+
+def weights(case, dtype):
+    nq, nk = CASES[case]["n"]
+    return (jnp.asarray(rng.uniform(0.5, 1.5, nq), dtype), jnp.asarray(rng.uniform(0.5, 1.5, nk), dtype))
+
+def loss_fn(case):
+    over = CASES[case]["norm_over"]
+    def f(q, k, qw, kw, p):
+        a, b = cjax.rope_qk_norm(q, k, cfg, q_weight=qw, k_weight=kw, positions=p, norm_over=over)
+        return a, b
+    return f
+
+def same(a, b):
+    a, b = np.asarray(a), np.asarray(b)
+    assert a.dtype == b.dtype and a.shape == b.shape, (a.dtype, b.dtype, a.shape, b.shape)
+    np.testing.assert_array_equal(a.astype(np.float32), b.astype(np.float32))
+
+def close_dw(a, b, dtype):
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    ulp = {"float32": 2.0 ** -23, "bfloat16": 2.0 ** -7}[dtype]
+    # float32 partials summed in another order, rounded once to the dtype:
+    # a few ulps of the largest term (the sums cancel), one ulp of the dtype
+    np.testing.assert_allclose(a, b, rtol=ulp, atol=4 * 2.0 ** -23 * np.abs(b).max())
+    assert not np.array_equal(a, np.zeros_like(a))
+
+def grads(f, args):
+    def loss(q, k, qw, kw):
+        a, b = f(q, k, qw, kw, args[4])
+        return (jnp.sum(a.astype(jnp.float32) * G[0].astype(jnp.float32))
+                + jnp.sum(b.astype(jnp.float32) * G[1].astype(jnp.float32)))
+    return jax.grad(loss, argnums=(0, 1, 2, 3))(*args[:4])
+
+# ---- shard_map: each shard runs the call on its local rows; grads of the replicated weights are the full sums
+for case in CASES:
+    for wdt in ("float32", "bfloat16"):
+        qw, kw = weights(case, wdt)
+        f = loss_fn(case)
+        want_y = jax.jit(f)(q, k, qw, kw, pos)
+        want_g = jax.jit(lambda *a: grads(f, a))(q, k, qw, kw, pos)
+        for spec in (P("x"), P(None, None, "x")) if case == "head" else (P("x"),):
+            pspec = P("x") if spec == P("x") else P()
+            sm = jax.shard_map(f, mesh=mesh, in_specs=(spec, spec, P(), P(), pspec),
+                               out_specs=(spec, spec))
+            got_y = jax.jit(sm)(q, k, qw, kw, pos)
+            same(got_y[0], want_y[0]); same(got_y[1], want_y[1])
+            got_g = jax.jit(lambda *a: grads(sm, a))(q, k, qw, kw, pos)
+            same(got_g[0], want_g[0]); same(got_g[1], want_g[1])
+            close_dw(got_g[2], want_g[2], wdt); close_dw(got_g[3], want_g[3], wdt)
+            # jax.vjp inside shard_map, the cotangents varying over the mesh
+            def inner(q, k, qw, kw, p, gq, gk):
+                _, vjp = jax.vjp(lambda q, k, qw, kw: f(q, k, qw, kw, p), q, k, qw, kw)
+                return vjp((gq, gk))
+            vj = jax.jit(jax.shard_map(inner, mesh=mesh,
+                                       in_specs=(spec, spec, P(), P(), pspec, spec, spec),
+                                       out_specs=(spec, spec, P(), P())))
+            got_v = vj(q, k, qw, kw, pos, *G)
+            same(got_v[0], want_g[0]); close_dw(got_v[2], want_g[2], wdt)
+            close_dw(got_v[3], want_g[3], wdt)
+
+# ---- the per-shard partition function: float32 partials summed across the axis, then cast
+qw, kw = weights("head", "bfloat16")
+call = jax_qknorm.QkNormStatic(cfg.key, backward=True, has_pos=True, has_qw=True, has_kw=True)
+def shard(q, k, gq, gk, p, qw, kw):
+    return jax_qknorm.local_call(call, {2: ("x",), 3: ("x",)}, q, k, gq, gk, p, qw, kw)
+got = jax.jit(jax.shard_map(shard, mesh=mesh, in_specs=(P("x"),) * 5 + (P(), P()),
+                            out_specs=(P("x"), P("x"), P(), P()), check_vma=False))(
+    q, k, *G, pos, qw, kw)
+want = cuprope.qknorm.rope_qk_norm_backward(*(np.asarray(a) for a in (q, k, *G)), cfg,
+                                            q_weight=np.asarray(qw), k_weight=np.asarray(kw),
+                                            positions=np.asarray(pos))
+same(got[0], want[0]); same(got[1], want[1])
+assert got[2].dtype == jnp.bfloat16
+close_dw(got[2], want[2], "bfloat16"); close_dw(got[3], want[3], "bfloat16")
+
+# ---- NamedSharding under jit: on the CPU backend not partitioned (equal to the unsharded call) ...
+for case in CASES:
+    qw, kw = weights(case, "float32")
+    f = loss_fn(case)
+    want_y = jax.jit(f)(q, k, qw, kw, pos)
+    want_g = jax.jit(lambda *a: grads(f, a))(q, k, qw, kw, pos)
+    for spec in (P("x"), P(None, None, "x")):
+        qs = jax.device_put(q, NamedSharding(mesh, spec))
+        ks = jax.device_put(k, NamedSharding(mesh, spec))
+        ps = jax.device_put(pos, NamedSharding(mesh, P("x") if spec == P("x") else P()))
+        y = jax.jit(f)(qs, ks, qw, kw, ps)
+        same(y[0], want_y[0]); same(y[1], want_y[1])
+        g = jax.jit(lambda *a: grads(f, a))(qs, ks, qw, kw, ps)
+        same(g[0], want_g[0]); same(g[1], want_g[1])
+        np.testing.assert_array_equal(np.asarray(g[2]), np.asarray(want_g[2]))
+
+# ---- ... and the program a GPU runs, lowered and compiled per shard
+jax_sharding.PARTITION_ON_CPU = True
+def callbacks(fn, *args):
+    hlo = jax.jit(fn).lower(*args).compile().as_text()
+    return hlo, [l for l in hlo.splitlines() if "custom-call" in l and "callback" in l]
+for case, spec, local_q, local_k in (
+        ("head", P("x"), "bf16[2,5,4,16]", "bf16[2,5,2,16]"),
+        # GQA: q's heads take the axis, k's (the fewer) are gathered, as in rope_qk
+        ("head", P(None, None, "x"), "bf16[4,5,2,16]", "bf16[4,5,2,16]"),
+        ("token", P("x"), "bf16[2,5,4,16]", "bf16[2,5,2,16]"),
+        ("token", P(None, None, "x"), "bf16[4,5,4,16]", "bf16[4,5,2,16]")):  # heads gathered
+    qw, kw = weights(case, "bfloat16")
+    f = loss_fn(case)
+    qs = jax.device_put(q, NamedSharding(mesh, spec))
+    ks = jax.device_put(k, NamedSharding(mesh, spec))
+    ps = jax.device_put(pos, NamedSharding(mesh, P("x") if spec == P("x") else P()))
+    _, cb = callbacks(f, qs, ks, qw, kw, ps)
+    assert len(cb) == 1 and local_q in cb[0] and local_k in cb[0], (case, spec, cb)
+    hlo, cb = callbacks(lambda *a: grads(f, a), qs, ks, qw, kw, ps)
+    # (the forward's outputs are dead in a linear loss's gradient: only the backward is left)
+    assert cb and all(local_q in l and local_k in l for l in cb), (case, spec, cb)
+    nq, nk = CASES[case]["n"]
+    sharded = not (case == "token" and spec != P("x"))  # else nothing of q is split
+    dw = "f32" if sharded else "bf16"  # float32 partials where they are summed across shards
+    bwd = [l for l in cb if "%s[%d]{0}, %s[%d]{0})" % (dw, nq, dw, nk) in l]
+    assert len(bwd) == 1, cb
+    reduces = [l for l in hlo.splitlines() if "all-reduce(" in l and "f32[" in l]
+    assert bool(reduces) == sharded, (case, spec, reduces)
+jax_sharding.PARTITION_ON_CPU = False
+print("qk-norm sharded ok")
+"""
+
+
+def test_qk_norm_sharded_on_two_cpu_devices():
+    """rope_qk_norm on 2 host CPU devices, bf16 q/k, float32 and bf16
+    weights, norms over the head and over the token: under shard_map (batch-
+    or head-sharded) forward and grad (q, k and the replicated weights, whose
+    gradients are summed across the mesh) and jax.vjp with cotangents varying
+    over the mesh equal the unsharded call (dq, dk bit for bit; dw to a few
+    ulps: float32 partials summed in another order); the partition function
+    sums float32 partials across the axis; under NamedSharding the jit'd
+    program equals the unsharded call, and the program a GPU runs lowers the
+    call on the local shapes (heads gathered for the token norm, k's heads
+    for GQA), the weight gradients float32 partials all-reduced where q is
+    split, the weights' dtype where nothing is."""
+    import os
+    import subprocess
+    import sys
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2",
+               JAX_PLATFORMS="cpu")
+    out = subprocess.run([sys.executable, "-c", _QK_SHARDED], env=env, capture_output=True,
+                         text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-4000:]
+    assert "qk-norm sharded ok" in out.stdout
+
+
+def test_qk_norm_partial_weight_gradients_plan_and_rule():
+    """The partial backward (``dw_f32``: per-shard weight gradients to be
+    summed across shards) plans the reduction kernel writing float32, and the
+    sharding rule keeps weights replicated, heads whole for a token norm, and
+    sums each weight's gradient over its own tensor's factors."""
+    import dataclasses
+
+    from cuprope._core import qknorm_launch as ql
+    from cuprope.jax_qknorm import QkNormStatic, launch_plan, sharding_rule
+    cfg = cuprope.RopeConfig(16)
+    call = QkNormStatic(cfg.key, backward=True, has_pos=True, has_qw=True, has_kw=True)
+    shapes = [(2, 5, 4, 16), (2, 5, 2, 16)] * 2 + [(2, 5), (16,), (16,)]
+    bf = [jax.core.ShapedArray(s, jnp.int32 if len(s) == 2 else jnp.bfloat16) for s in shapes]
+    plan = launch_plan(dataclasses.replace(call, dw_f32=True), bf, 132)
+    assert [launch.results for launch in plan[1:]] == [(((16,), np.dtype(np.float32)),)] * 2
+    assert all(launch.params[-1][1] == ql.W_DTYPE["float32"] for launch in plan[1:])
+    plan = launch_plan(call, bf, 132)
+    assert all(launch.params[-1][1] == ql.W_DTYPE["bfloat16"] for launch in plan[1:])
+    rule = sharding_rule(call, shapes)
+    assert rule.operands == [list("bshd"), list("bsgd")] * 2 + [["b", "s"], ["w"], ["v"]]
+    assert rule.results == [list("bshd"), list("bsgd"), ["w"], ["v"]]
+    assert {"w", "v", "s", "d"} <= rule.keep and not {"b", "h", "g"} & rule.keep
+    assert rule.sums == ((2, list("bshd")), (3, list("bsgd")))
+    token = sharding_rule(dataclasses.replace(call, norm_over="token"),
+                          shapes[:5] + [(64,), (32,)])
+    assert {"h", "g"} <= token.keep and "b" not in token.keep
+    mha = sharding_rule(dataclasses.replace(call, backward=False, has_qw=False, has_kw=False),
+                        [(2, 5, 4, 16), (2, 5, 4, 16), (5,)])
+    assert mha.operands == [list("bshd"), list("bshd"), ["s"]] and mha.sums == ()

@@ -245,6 +245,19 @@ def test_flat_entries_compile():
     assert "warning" not in log.lower(), log
 
 
+def test_lrpe_seq_stats_flat_entries_compile():
+    """The flat entries of LRPE's sequence-softmax statistics pass (its
+    one-dimensional-block form for jaxlib's kernel call): every dtype, forward
+    and backward, compile without warnings or spills."""
+    names = [_loader.seq_stats_kernel_name(dt, bwd).replace(
+        "lrpe_seq_stats_kernel<", "lrpe_seq_stats_flat_kernel<")
+        for dt in _loader.DTYPE_CTYPES for bwd in (False, True)]
+    lowered, _, log = _compile("sm_90", names)
+    assert all(lowered.values()) and len(set(lowered.values())) == len(names)
+    assert "warning" not in log.lower(), log
+    assert all(st == ld == 0 for _, st, ld in _resources("sm_90", names).values())
+
+
 def _resources(arch, names, entry=_loader.ENTRY):
     """{name expression: (registers, spill store bytes, spill load bytes)} from
     ptxas's verbose report in NVRTC's log."""

@@ -63,3 +63,30 @@ def host_lowering(host_call):
             return jax.pure_callback(functools.partial(host_call, call), shapes, *a)
         return mlir.lower_fun(run, multiple_results=True)(ctx, *args)
     return rule
+
+
+def varying_axes(aval) -> frozenset:
+    """The mesh axes an aval varies over under ``shard_map`` (empty elsewhere;
+    JAX 0.10+ ``manual_axis_type.varying``, earlier ``vma``)."""
+    mat = getattr(aval, "manual_axis_type", None)
+    return frozenset(mat.varying if mat is not None else getattr(aval, "vma", ()))
+
+
+def with_varying(aval, axes, **changes):
+    """``aval.update(**changes)`` varying over the mesh axes ``axes``."""
+    mat = getattr(aval, "manual_axis_type", None)
+    if mat is not None:
+        return aval.update(manual_axis_type=mat.update(varying=frozenset(axes)), **changes)
+    if hasattr(aval, "vma"):
+        return aval.update(vma=frozenset(axes), **changes)
+    return aval.update(**changes)
+
+
+def reduce_to(ct, primal, dtype=None):
+    """The cotangent ``ct`` summed over the mesh axes it varies over and
+    ``primal`` does not (the transpose of using an unvarying operand in a
+    varying call under ``shard_map``), then cast to ``dtype`` (default: its own)."""
+    axes = tuple(sorted(varying_axes(jax.typeof(ct)) - varying_axes(jax.typeof(primal))))
+    if axes:
+        ct = jax.lax.psum(ct, axes)
+    return ct if dtype is None else ct.astype(dtype)

@@ -1,17 +1,24 @@
-"""How ``cuprope.jax`` calls partition under ``jax.sharding``: each shard runs
-the call on its own device with its local shapes.
+"""How cuprope's JAX primitives partition under ``jax.sharding``: each shard
+runs the call on its own device with its local shapes.
 
-The batch dim and the head dims of q and k may be sharded (GQA: q's and k's
-heads each on their own); everything a rotation reads across is replicated
-first: the sequence (implicit positions are the sequence index), the head
-dim, position streams, a cos/sin table's R, and the heads of a per-head
-frequency table (its rows belong to the heads). The rule is stated as an
-einsum-like sharding rule for Shardy and as ``infer_sharding_from_operands``
-for GSPMD; ``partition`` lowers the same primitive on the local shards.
+``Partitioned(bind, rule, local)`` wraps a primitive's bind in
+``custom_partitioning``; the public adapters (``cuprope.jax``,
+``cuprope.jax_qknorm``) hand in their primitive's bind and a ``rule`` that
+names a factor per dim of every operand and result (einsum-like). The batch
+dim and the head dims of q and k may be sharded (GQA: q's and k's heads each
+on their own); every factor a call reads across is in the rule's ``keep`` and
+replicated first: the sequence (implicit positions are the sequence index),
+the head dim, position streams, a cos/sin table's R, weights, and the heads
+where the call mixes them (a per-head frequency table, a norm over the whole
+token). A result that sums over sharded factors (a weight gradient) is a
+per-shard partial: ``local`` gets, per such result, the mesh axes to reduce
+it over. The rule is stated as an einsum-like sharding rule for Shardy and as
+``infer_sharding_from_operands`` for GSPMD; ``partition`` lowers the
+primitive on the local shards.
 """
 from __future__ import annotations
 
-import functools
+import dataclasses
 
 import jax
 from jax.experimental.custom_partitioning import custom_partitioning
@@ -31,95 +38,133 @@ def enabled() -> bool:
     return PARTITION_ON_CPU or jax.default_backend() != "cpu"
 
 
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    """A call's sharding rule: a factor list per operand and per result (one
+    name per dim, one letter each), the factors kept replicated, and ``sums``:
+    (result index, factors) for results that sum over those factors."""
+
+    operands: list
+    results: list
+    keep: frozenset
+    sums: tuple = ()
+
+
 _X = {"bshd": "b s {h} d", "bhsd": "b {h} s d", "thd": "s {h} d", "bsd": "b s d"}
 
 
-def factors(call, shapes):
-    """(operand factor lists, result factor lists, factors to replicate)."""
-    # q's and k's heads: one factor when their counts agree, else two (then
-    # Shardy shards only one of them along a mesh axis: k's heads, the
-    # fewer under GQA, are gathered)
-    same = call.n == 2 and shapes[0] == shapes[1]
+def tensor_factors(layout, n, same):
+    """Factor lists of ``n`` rotated tensors in ``layout`` and their head
+    factors: one head factor when q's and k's shapes agree, else two (then
+    Shardy shards only one of them along a mesh axis: k's heads, the fewer
+    under GQA, are gathered)."""
     heads = ("h", "h") if same else ("h", "g")
-    xs = [_X[call.layout].format(h=heads[i]).split() for i in range(call.n)]
+    return [_X[layout].format(h=heads[i]).split() for i in range(n)], heads[:n]
+
+
+def position_factors(cfg, ndim):
+    """Factors of a positions operand of ``ndim`` dims (``[S]``, ``[B, S]``,
+    with a leading stream dim where ``cfg`` has several streams)."""
+    streams = ["t"] if cfg.n_streams > 1 else []
+    return streams + (["s"] if ndim - len(streams) == 1 else ["b", "s"])
+
+
+def table_factors(shape):
+    """Factors of a cos/sin table ``[S, R]``, ``[1, S, R]`` or ``[B, S, R]``."""
+    return ["s", "r"] if len(shape) == 2 else (["u", "s", "r"] if shape[0] == 1
+                                               else ["b", "s", "r"])
+
+
+def rope_rule(call, shapes) -> Rule:
+    """``cuprope.jax``'s calls (its ``Call``: rope, table or lrpe)."""
+    xs, heads = tensor_factors(call.layout, call.n, call.n == 2 and shapes[0] == shapes[1])
     rest = [len(s) for s in shapes[call.n:]]
-    ops, keep = list(xs), {"s", "d"}
+    ops, keep = list(xs), {"s", "d", "t", "r", "u"}
     if call.kind == "rope":
         cfg = config_by_key(call.key)
         if call.has_pos:
-            r = rest.pop(0)
-            streams = ["t"] if cfg.n_streams > 1 else []
-            ops.append(streams + (["s"] if r - len(streams) == 1 else ["b", "s"]))
-            keep.add("t")
+            ops.append(position_factors(cfg, rest.pop(0)))
         if call.has_seq:
             ops.append(["b"])
         if cfg.per_head:
             keep.update(heads)
     elif call.kind == "table":
-        table = shapes[call.n]
-        spec = ["s", "r"] if len(table) == 2 else (["u", "s", "r"] if table[0] == 1
-                                                   else ["b", "s", "r"])
-        ops += [spec, spec]
-        keep.update(("r", "u"))
+        ops += [table_factors(shapes[call.n])] * 2
     else:
         if call.has_x:
             ops.append(xs[0])
         if call.theta and call.theta[0] > 1:
             keep.add("h")
-    return ops, xs, keep
+    return Rule(ops, xs, frozenset(keep))
 
 
-def _rule(call, mesh, value_types, result_types):
+def _shapes(value_types):
     from jax._src.lib.mlir import ir
-    shapes = [tuple(ir.RankedTensorType(t).shape) for t in value_types]
-    ops, outs, keep = factors(call, shapes)
-    order = list(dict.fromkeys(f for spec in ops for f in spec))  # factors as numbered
-    text = ", ".join(" ".join(s) for s in ops) + " -> " + ", ".join(" ".join(s) for s in outs)
-    return text, {"need_replication_factors": tuple(f for f in order if f in keep)}
+    return [tuple(ir.RankedTensorType(t).shape) for t in value_types]
 
 
-def _specs(call, mesh, shapes, shardings):
-    """Operand and result PartitionSpecs: the operands' own, replicated where
-    the rule says, and one mesh axis per factor (the first operand that
-    shards it wins)."""
-    ops, outs, keep = factors(call, shapes)
-    axis_of = {}
-    for spec, sh in zip(ops, shardings):
+def _axes(ax):
+    """A PartitionSpec entry as a tuple of mesh axis names."""
+    return () if ax is None else (tuple(ax) if isinstance(ax, (tuple, list)) else (ax,))
+
+
+def _specs(rule, shardings):
+    """(operand specs, result specs, mesh axes by factor): the operands' own
+    shardings, replicated where the rule says, one mesh axis per factor (the
+    first operand that shards it wins)."""
+    axis_of, used = {}, set()
+    for spec, sh in zip(rule.operands, shardings):
         pspec = getattr(sh, "spec", PartitionSpec())
         for i, f in enumerate(spec):
             ax = pspec[i] if i < len(pspec) else None
-            if f not in keep and ax is not None and f not in axis_of \
-                    and ax not in axis_of.values():
+            if f not in rule.keep and ax is not None and f not in axis_of \
+                    and not used.intersection(_axes(ax)):
                 axis_of[f] = ax
+                used.update(_axes(ax))
 
     def pspec(spec):
         return PartitionSpec(*[axis_of.get(f) for f in spec])
-    return [pspec(s) for s in ops], [pspec(s) for s in outs]
+    return [pspec(s) for s in rule.operands], [pspec(s) for s in rule.results], axis_of
 
 
-def _infer(call, mesh, arg_shapes, result_shape):
-    _, outs = _specs(call, mesh, [a.shape for a in arg_shapes],
-                     [a.sharding for a in arg_shapes])
-    return tuple(NamedSharding(mesh, p) for p in outs)
+class Partitioned:
+    """``bind(call, *operands)`` (a tuple of results) partitioned by
+    ``rule(call, operand shapes) -> Rule``. ``local(call, sums, *operands)``
+    runs one shard where the rule has sums (``sums``: {result index: mesh
+    axes it reduces over}, possibly empty); by default ``bind``."""
 
+    def __init__(self, bind, rule, local=None):
+        self.bind, self.rule = bind, rule
+        self.local = local or (lambda call, sums, *ops: bind(call, *ops))
 
-def _partition(call, mesh, arg_shapes, result_shape):
-    from ..jax import rope_p
-    ins, outs = _specs(call, mesh, [a.shape for a in arg_shapes],
-                       [a.sharding for a in arg_shapes])
+        def fn(call, *operands):
+            return bind(call, *operands)
+        self._fn = custom_partitioning(fn, static_argnums=(0,))
+        self._fn.def_partition(partition=self._partition, infer_sharding_from_operands=self._infer,
+                               sharding_rule=self._sdy_rule)
 
-    def lower(*local):
-        return tuple(rope_p.bind(*local, call=call))
-    return (mesh, lower, tuple(NamedSharding(mesh, p) for p in outs),
-            tuple(NamedSharding(mesh, p) for p in ins))
+    def __call__(self, call, *operands):
+        return self._fn(call, *operands)
 
+    def _sdy_rule(self, call, mesh, value_types, result_types):
+        rule = self.rule(call, _shapes(value_types))
+        order = list(dict.fromkeys(f for spec in rule.operands for f in spec))
+        text = (", ".join(" ".join(s) for s in rule.operands) + " -> "
+                + ", ".join(" ".join(s) for s in rule.results))
+        return text, {"need_replication_factors": tuple(f for f in order if f in rule.keep)}
 
-@functools.partial(custom_partitioning, static_argnums=(0,))
-def partitioned(call, *operands):
-    """``rope_p.bind(*operands, call=call)``, partitioned as above."""
-    from ..jax import rope_p
-    return tuple(rope_p.bind(*operands, call=call))
+    def _infer(self, call, mesh, arg_shapes, result_shape):
+        rule = self.rule(call, [a.shape for a in arg_shapes])
+        _, outs, _ = _specs(rule, [a.sharding for a in arg_shapes])
+        return tuple(NamedSharding(mesh, p) for p in outs)
 
+    def _partition(self, call, mesh, arg_shapes, result_shape):
+        rule = self.rule(call, [a.shape for a in arg_shapes])
+        ins, outs, axis_of = _specs(rule, [a.sharding for a in arg_shapes])
+        sums = {i: tuple(dict.fromkeys(a for f in factors for a in _axes(axis_of.get(f))))
+                for i, factors in rule.sums}
 
-partitioned.def_partition(partition=_partition, infer_sharding_from_operands=_infer,
-                          sharding_rule=_rule)
+        def lower(*local):
+            return tuple(self.local(call, sums, *local))
+        return (mesh, lower, tuple(NamedSharding(mesh, p) for p in outs),
+                tuple(NamedSharding(mesh, p) for p in ins))

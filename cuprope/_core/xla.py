@@ -180,14 +180,17 @@ def scalar_param(value, kind="i64"):
     return ("scalar", int(value), kind)
 
 
-def kernel_call(name, *, grid, warps, smem, params, operands, operand_layouts, result_avals):
+def kernel_call(name, *, grid, warps, smem, params, operands, operand_layouts, result_avals,
+                operand_output_aliases=None):
     """The results of one ``triton_kernel_call`` custom call launching the
     instantiation ``name`` (a name expression; PTX from NVRTC, compiled for
     the GPU's compute capability) on ``grid`` (3 ints) with blocks of
     ``warps`` warps in one dimension and ``smem`` bytes of dynamic shared
     memory. ``params``: array_param / scalar_param in the kernel's parameter
     order, the array parameters taking ``operands`` then the results in
-    order. Everything is fixed here; XLA only supplies the buffers."""
+    order. Everything is fixed here; XLA only supplies the buffers.
+    ``operand_output_aliases`` ({operand index: result index}): results that
+    are their operand's buffer (XLA's custom-call aliasing)."""
     from jax._src.interpreters import mlir as _mlir
     from jax._src.lib import gpu_triton as kc
     from jax._src.lib.mlir import ir
@@ -204,25 +207,63 @@ def kernel_call(name, *, grid, warps, smem, params, operands, operand_layouts, r
     return _mlir.custom_call(
         "triton_kernel_call", result_types=out_types, operands=list(operands),
         backend_config=zlib.compress(kcall.to_proto(entry, b"")), api_version=2,
-        operand_layouts=list(operand_layouts),
+        operand_layouts=list(operand_layouts), operand_output_aliases=operand_output_aliases,
         result_layouts=[layout_of(a) for a in result_avals]).results
+
+
+def seq_stats_call(ctx, ins, call, spec, inputs, words):
+    """LRPE's softmax over the sequence: the statistics pass as its own kernel
+    call (``lrpe_seq_stats_flat_kernel``, kernels/lrpe.cuh: the by-value
+    kernel's work in one-dimensional blocks), before the rotation. Its
+    parameters: the packed RopeArgs (a constant), x (dO in the backward), the
+    frequency table, aux (x, backward) and the float statistics planes it
+    returns, ``[2 or 3, B*H*D]`` flat. Returns (that result, its aval)."""
+    import jax
+    name, grid, block = spec.pre
+    fused_x = "aux_ptr" in inputs
+    operands = [constant_operand(words)[0], ins[inputs["in_ptr0"]],
+                constant_operand(inputs["inv_freq_ptr"])[0]]
+    layouts = [[0], layout_of(ctx.avals_in[inputs["in_ptr0"]]), [0]]
+    if fused_x:
+        operands.append(ins[inputs["aux_ptr"]])
+        layouts.append(layout_of(ctx.avals_in[inputs["aux_ptr"]]))
+    params = [array_param(8), array_param(), array_param(8),
+              array_param() if fused_x else scalar_param(0, "u64"), array_param()]
+    plane = int(words[args.ARGS_SLOTS["stats_plane"]])
+    stats = jax.core.ShapedArray(((3 if fused_x else 2) * plane,), np.float32)
+    return kernel_call(name.replace("lrpe_seq_stats_kernel<", "lrpe_seq_stats_flat_kernel<", 1),
+                       grid=grid, warps=block[0] * block[1] // 32, smem=0, params=params,
+                       operands=operands, operand_layouts=layouts, result_avals=[stats])[0], stats
 
 
 def lower_cuda(ctx, *ins, call):
     """The lowering rule: a ``triton_kernel_call`` custom call whose operands
-    are the inputs in pointer-role order (embedded tables as constants)."""
+    are the inputs in pointer-role order (embedded tables as constants). LRPE's
+    softmax over the sequence runs its statistics call first; the rotation
+    then reads the statistics through the ``stats_ptr`` parameter as a result
+    aliased to its operand, which XLA's buffer order places in the unused
+    ``in_ptr1`` slot (one tensor: the kernel never reads in_ptr[1])."""
     spec, inputs = _plan(call, ctx.avals_in)
+    words = np.frombuffer(spec.args, dtype=np.int64).copy()
+    words[args.ARGS_SLOTS["offset"]] = call.offset
+    stats = None
     if spec.pre is not None:
-        raise NotImplementedError("cuprope.jax: LRPE's softmax over the sequence (dim=1) needs "
-                                  "a statistics pass that the GPU kernel call cannot launch")
+        stats, stats_aval = seq_stats_call(ctx, ins, call, spec, inputs, words)
     align = spec.vec * np.dtype(ctx.avals_in[0].dtype).itemsize
     vector_roles = {"in_ptr0", "in_ptr1", "aux_ptr", "out_ptr0", "out_ptr1"}
     if call.kind == "table":
         vector_roles |= {"pos_ptr", "seq_off_ptr"}  # the cos and sin tables
     operands, layouts, params = [], [], []
     outputs = {"out_ptr0", "out_ptr1"} if call.n == 2 else {"out_ptr0"}
+    if stats is not None:
+        outputs.add("stats_ptr")
     for role in args.FLAT_POINTERS:
         src = inputs.get(role)
+        if role == "in_ptr1" and stats is not None:
+            params.append(array_param())
+            operands.append(stats)
+            layouts.append([0])
+            continue
         if src is None and role not in outputs:
             params.append(scalar_param(0, "u64"))
             continue
@@ -237,10 +278,11 @@ def lower_cuda(ctx, *ins, call):
             op, lay = constant_operand(src)
             operands.append(op)
             layouts.append(lay)
-    words = np.frombuffer(spec.args, dtype=np.int64).copy()
-    words[args.ARGS_SLOTS["offset"]] = call.offset
     params += [scalar_param(words[i]) for i in args.FLAT_WORDS]
-    return kernel_call(loader.flat_kernel_name(*spec.key), grid=spec.grid,
-                       warps=spec.block[0] // 32, smem=spec.smem, params=params,
-                       operands=operands, operand_layouts=layouts,
-                       result_avals=ctx.avals_out)
+    extra = [] if stats is None else [stats_aval]
+    out = kernel_call(loader.flat_kernel_name(*spec.key), grid=spec.grid,
+                      warps=spec.block[0] // 32, smem=spec.smem, params=params,
+                      operands=operands, operand_layouts=layouts,
+                      result_avals=list(ctx.avals_out) + extra,
+                      operand_output_aliases=None if stats is None else {1: len(ctx.avals_out)})
+    return out[:len(ctx.avals_out)]
