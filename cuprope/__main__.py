@@ -83,6 +83,10 @@ def build_parser() -> argparse.ArgumentParser:
                          "the cos/sin-table path)")
     p_bench.add_argument("--no-decode", action="store_true",
                          help="skip the decode line (host and kernel time of one token)")
+    p_bench.add_argument("--suite", nargs=argparse.REMAINDER, metavar="ARGS",
+                         help="run instead the full benchmark suite of a source checkout "
+                         "(benchmarks/bench_suite.py: every op against its peers, one CSV); "
+                         "the arguments after --suite go to it, e.g. --suite --quick --only kv")
     sub.add_parser("info", help="versions, the GPU (or why none is used: CuPy not installed, no "
                    "CUDA driver, no GPU), and the kernel compile cache (location, size, how to "
                    "clear it)")
@@ -105,6 +109,9 @@ def main(argv=None) -> int:
         from .info import report
         print(report())
         return 0
+    if args.suite is not None:
+        from .bench import run_suite
+        return run_suite(args.suite)
     from .bench import main_short
     return main_short(dtype=BENCH_DTYPES.get(args.dtype), reps=args.reps, peers=not args.no_peers,
                       decode=not args.no_decode)

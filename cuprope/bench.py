@@ -396,3 +396,25 @@ def main_short(dtype=None, reps=15, peers=True, decode=True):
         print(f"decode (B 1, 32/8 heads, D 128, {dt}, in-place): host {host:.1f} us/call, "
               f"kernel {kern:.2f} us/call (graph replay)")
     return 0
+
+
+def suite_path():
+    """``benchmarks/bench_suite.py`` of the source checkout this package runs
+    from, or None (an installed wheel ships no benchmarks)."""
+    from pathlib import Path
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_suite.py"
+    return path if path.is_file() else None
+
+
+def run_suite(argv) -> int:
+    """``python -m cuprope bench --suite ARGS``: the full suite, in a child
+    interpreter (its exit status is returned)."""
+    import subprocess
+    import sys
+    path = suite_path()
+    if path is None:
+        print("python -m cuprope bench: error: --suite needs a source checkout (the suite is "
+              "benchmarks/bench_suite.py there; an installed package ships no benchmarks)",
+              file=sys.stderr)
+        return 2
+    return subprocess.run([sys.executable, str(path), *argv]).returncode

@@ -234,3 +234,19 @@ def test_bench_options_choose_the_dtype_the_peers_and_the_decode_line():
     assert {row[2] for row in rows} == {"fp32"} and {row[3] for row in rows} == {"copy", "cuprope"}
     assert all(float(row[4]) > 0 for row in rows)
     assert "decode" not in r.stdout
+
+
+def test_bench_suite_passes_its_arguments_to_the_checkout_suite():
+    r = cli("bench", "--suite", "--help")
+    assert r.returncode == 0, r.stderr
+    assert "--only" in r.stdout and "--quick" in r.stdout  # the suite's own options
+    r = cli("bench", "--suite", "--only", "nosuchfamily")
+    assert r.returncode != 0 and "nosuchfamily" in r.stderr
+
+
+def test_bench_suite_outside_a_checkout_says_where_the_suite_lives(monkeypatch, capsys):
+    from cuprope import bench
+    monkeypatch.setattr(bench, "suite_path", lambda: None)
+    assert bench.run_suite(["--quick"]) == 2
+    err = capsys.readouterr().err
+    assert "source checkout" in err and "benchmarks/bench_suite.py" in err
