@@ -415,7 +415,7 @@ __device__ __forceinline__ void qknorm_body(const QkNormArgs& a) {
 }
 
 template <typename T, bool INTERLEAVED, bool BWD>
-__global__ void __launch_bounds__(256) qknorm_kernel(const QkNormArgs a) {
+__global__ void __launch_bounds__(kQkThreads) qknorm_kernel(const QkNormArgs a) {
   qknorm_body<T, INTERLEAVED, BWD>(a);
 }
 
@@ -469,10 +469,10 @@ __device__ __forceinline__ float head_weight(const QkNormArgs& a, int t, int e) 
 }
 
 // The head rows of dw terms in shared memory are part_cols + kDwPad floats
-// apart: with an odd number of 16-byte slots per row, the float4 accesses
-// of a warp's rpw rows and cpr chunks spread over all banks (unpadded, the
-// rows fell on the same banks: ncu counted 59 % excess wavefronts).
-constexpr int kDwPad = 4;
+// apart (kDwPad: CUPROPE_QKNORM_DW_PAD, constants.cuh): with an odd number
+// of 16-byte slots per row, the float4 accesses of a warp's rpw rows and cpr
+// chunks spread over all banks (unpadded, the rows fell on the same banks:
+// ncu counted 59 % excess wavefronts).
 
 // Slot (in float2) of pair p in qknorm_rows_kernel's cos/sin slice: chunk c's
 // pairs v, v + 1 (v even, pair_at's order) share the 16-byte slot
@@ -728,43 +728,43 @@ __device__ __forceinline__ void qknorm_rows_body(const QkNormArgs& a) {
   if constexpr (BWD) block_dw_row(a, rows, (blockDim.x >> 5) * rpw);
 }
 
-// Blocks of 256 threads that must fit an SM at once (also the flat entry's bound).
+// Blocks of kQkThreads threads that must fit an SM at once (also the flat
+// entry's bound): CUPROPE_QKNORM_MIN_BLOCKS(_BWD).
 template <bool BWD>
 __host__ __device__ constexpr int qknorm_rows_min_blocks() {
-  return BWD ? 2 : 3;
+  return BWD ? CUPROPE_QKNORM_MIN_BLOCKS_BWD : CUPROPE_QKNORM_MIN_BLOCKS;
 }
 
 template <typename T, bool INTERLEAVED, int VEC, bool BWD>
-__global__ void __launch_bounds__(256, qknorm_rows_min_blocks<BWD>())
+__global__ void __launch_bounds__(kQkThreads, qknorm_rows_min_blocks<BWD>())
     qknorm_rows_kernel(const QkNormArgs a) {
   qknorm_rows_body<T, INTERLEAVED, VEC, BWD>(a);
 }
 
 // The weight gradients from the partial rows: column c of out is the sum of
-// part[0..rows)[col0 + c] in a fixed order (8 slices of rows, each summed in
-// order, then the slices in order), stored in out_dtype (0 f32, 1 f16, 2 bf16).
-// Blocks of 256 threads in one dimension (warp y of the block sums slice y of
+// part[0..rows)[col0 + c] in a fixed order (kQkWarps slices of rows, each summed
+// in order, then the slices in order), stored in out_dtype (0 f32, 1 f16, 2 bf16).
+// Blocks of kQkThreads threads in one dimension (warp y of the block sums slice y of
 // columns blockIdx.x * 32 + lane), so that a launcher with 1-D blocks (jaxlib's
 // GPU kernel call) launches it as it is; part_ptr is its one input and out_ptr
 // its one output, in that order.
-__global__ void __launch_bounds__(256) qknorm_dw_kernel(long long part_ptr, long long rows,
-                                                         long long stride, long long col0,
-                                                         long long cols, long long out_ptr,
-                                                         long long out_dtype) {
-  __shared__ float acc[8][32];
+__global__ void __launch_bounds__(kQkThreads)
+    qknorm_dw_kernel(long long part_ptr, long long rows, long long stride, long long col0,
+                     long long cols, long long out_ptr, long long out_dtype) {
+  __shared__ float acc[kQkWarps][32];
   const int lane = threadIdx.x & 31, slice = threadIdx.x >> 5;
   const long long c = static_cast<long long>(blockIdx.x) * 32 + lane;
   const float* part = reinterpret_cast<const float*>(part_ptr);
   float v = 0.f;
   if (c < cols) {
-    for (long long row = slice; row < rows; row += 8) v += part[row * stride + col0 + c];
+    for (long long row = slice; row < rows; row += kQkWarps) v += part[row * stride + col0 + c];
   }
   acc[slice][lane] = v;
   __syncthreads();
   if (slice != 0 || c >= cols) return;
   float sum = 0.f;
 #pragma unroll
-  for (int k = 0; k < 8; ++k) sum += acc[k][lane];
+  for (int k = 0; k < kQkWarps; ++k) sum += acc[k][lane];
   if (out_dtype == 1) {
     reinterpret_cast<__half*>(out_ptr)[c] = from_f32<__half>(sum);
   } else if (out_dtype == 2) {
