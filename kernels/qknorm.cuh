@@ -519,6 +519,73 @@ struct RowPacks {
   Pack<T, VEC> x[2], g[2];  // x (the saved input, backward); g: dy (backward)
 };
 
+// The lane's row of unit (token (b, s), step): head h (of q, then k),
+// tensor t, its head hh there, whether the lane works on it, its offsets.
+struct RowUnit {
+  unsigned b, s;
+  int t, hh;
+  bool on;
+  long long in_off, out_off, x_off;
+};
+
+// The forward of the lane's row of unit u: x (pre-norm) normed with r and
+// w', rotated (norm_then_rope) and stored.
+template <typename T, bool INTERLEAVED, int VEC>
+__device__ __forceinline__ void row_forward(const QkNormArgs& a, const RowUnit& u,
+                                            float (&x)[2][VEC], const float (&w)[2][VEC],
+                                            const float2 (&csv)[VEC], float r, bool has_w,
+                                            int e0, int e1) {
+  if (a.rounding == 0) {  // (warp-uniform: the exact mode's loop has no branches)
+#pragma unroll
+    for (int k = 0; k < 2; ++k)
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) x[k][i] = x[k][i] * r * w[k][i];
+  } else {
+#pragma unroll
+    for (int k = 0; k < 2; ++k)
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) x[k][i] = norm_value<T>(a, has_w, x[k][i], r, w[k][i]);
+  }
+  if (!a.rope_first) rotate_vals<INTERLEAVED, VEC>(x, csv, 1.f);
+  if (u.on) store_vals<T, VEC>(a.r.out_ptr[u.t], u.out_off, e0, e1, x);
+}
+
+// The backward of the lane's row (exact rounding), from x (pre-norm) and g
+// (dy): g rotated back (norm_then_rope), x turned into n = x * r, and the
+// head's mean(n * w' * g), a segmented shuffle over its cpr lanes.
+template <bool INTERLEAVED, int VEC>
+__device__ __forceinline__ float row_backward_mean(const QkNormArgs& a, float (&x)[2][VEC],
+                                                   float (&g)[2][VEC], const float (&w)[2][VEC],
+                                                   const float2 (&csv)[VEC], float r,
+                                                   float inv_d, int c, int cpr, int sub) {
+  if (!a.rope_first) rotate_vals<INTERLEAVED, VEC>(g, csv, -1.f);
+  float dot = 0.f;
+#pragma unroll
+  for (int k = 0; k < 2; ++k)
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) {
+      x[k][i] *= r;  // n
+      dot = fmaf(x[k][i], w[k][i] * g[k][i], dot);
+    }
+  return seg_sum(dot, c, cpr, sub * cpr) * inv_d;
+}
+
+// Then dv = r * (w' * g - n * mean), rotated back (rope_then_norm) into dx
+// and stored.
+template <typename T, bool INTERLEAVED, int VEC>
+__device__ __forceinline__ void row_backward_store(const QkNormArgs& a, const RowUnit& u,
+                                                   float (&x)[2][VEC], const float (&g)[2][VEC],
+                                                   const float (&w)[2][VEC],
+                                                   const float2 (&csv)[VEC], float r, float mean,
+                                                   int e0, int e1) {
+#pragma unroll
+  for (int k = 0; k < 2; ++k)
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) x[k][i] = r * (w[k][i] * g[k][i] - x[k][i] * mean);  // dv
+  if (a.rope_first) rotate_vals<INTERLEAVED, VEC>(x, csv, -1.f);
+  if (u.on) store_vals<T, VEC>(a.r.out_ptr[u.t], u.out_off, e0, e1, x);
+}
+
 // The fast path's body (qknorm_rows_kernel and its flat entry).
 template <typename T, bool INTERLEAVED, int VEC, bool BWD>
 __device__ __forceinline__ void qknorm_rows_body(const QkNormArgs& a) {
@@ -550,16 +617,8 @@ __device__ __forceinline__ void qknorm_rows_body(const QkNormArgs& a) {
     const long long n_rows = (blockDim.x >> 5) * rpw * (a.part_cols + kDwPad);
     for (long long i = threadIdx.x; i < n_rows; i += blockDim.x) rows[i] = 0.f;
   }
-  // The lane's row of unit (token (b, s), step): head h (of q, then k),
-  // tensor t, its head hh there, whether the lane works on it, its offsets.
-  struct Unit {
-    unsigned b, s;
-    int t, hh;
-    bool on;
-    long long in_off, out_off, x_off;
-  };
   auto unit_at = [&](unsigned ub, unsigned us, int step) {
-    Unit u;
+    RowUnit u;
     u.b = ub;
     u.s = us;
     const int h = step * rpw + sub;
@@ -575,7 +634,7 @@ __device__ __forceinline__ void qknorm_rows_body(const QkNormArgs& a) {
     ub = static_cast<unsigned>(tok / a.r.n_seq);
     us = static_cast<unsigned>(tok - static_cast<long long>(ub) * a.r.n_seq);
   };
-  auto load_unit = [&](const Unit& u, RowPacks<T, VEC, BWD>& p) {
+  auto load_unit = [&](const RowUnit& u, RowPacks<T, VEC, BWD>& p) {
     if (!u.on) return;
     const long long src = BWD ? a.x_ptr[u.t] : a.r.in_ptr[u.t];
     p.x[0] = load_pack<T, VEC>(src, u.x_off + e0);
@@ -600,6 +659,7 @@ __device__ __forceinline__ void qknorm_rows_body(const QkNormArgs& a) {
       }
   };
   __syncthreads();
+  long long pos0 = 0;
   long long tok = warp;
   int step = 0;
   unsigned b = 0, s = 0;
@@ -608,9 +668,8 @@ __device__ __forceinline__ void qknorm_rows_body(const QkNormArgs& a) {
     split(tok, b, s);
     load_unit(unit_at(b, s, 0), cur);
   }
-  long long pos0 = 0;
   while (tok < tokens) {
-    const Unit u = unit_at(b, s, step);
+    const RowUnit u = unit_at(b, s, step);
     if (step == 0) {  // the token's cos/sin (its first loads are in flight)
       pos0 = a.r.stream_map_ptr ? 0 : token_position(a.r, b, s, 0);
       if (!a.r.freq_sh) {
@@ -675,30 +734,9 @@ __device__ __forceinline__ void qknorm_rows_body(const QkNormArgs& a) {
     float w[2][VEC];
     weights(t, w);
     if constexpr (!BWD) {
-      if (a.rounding == 0) {  // (warp-uniform: the exact mode's loop has no branches)
-#pragma unroll
-        for (int k = 0; k < 2; ++k)
-#pragma unroll
-          for (int i = 0; i < VEC; ++i) x[k][i] = x[k][i] * r * w[k][i];
-      } else {
-#pragma unroll
-        for (int k = 0; k < 2; ++k)
-#pragma unroll
-          for (int i = 0; i < VEC; ++i) x[k][i] = norm_value<T>(a, has_w, x[k][i], r, w[k][i]);
-      }
-      if (!a.rope_first) rotate_vals<INTERLEAVED, VEC>(x, csv, 1.f);
-      if (u.on) store_vals<T, VEC>(a.r.out_ptr[t], u.out_off, e0, e1, x);
+      row_forward<T, INTERLEAVED, VEC>(a, u, x, w, csv, r, has_w, e0, e1);
     } else {
-      if (!a.rope_first) rotate_vals<INTERLEAVED, VEC>(g, csv, -1.f);
-      float dot = 0.f;
-#pragma unroll
-      for (int k = 0; k < 2; ++k)
-#pragma unroll
-        for (int i = 0; i < VEC; ++i) {
-          x[k][i] *= r;  // n
-          dot = fmaf(x[k][i], w[k][i] * g[k][i], dot);
-        }
-      const float mean = seg_sum(dot, c, cpr, sub * cpr) * inv_d;
+      const float mean = row_backward_mean<INTERLEAVED, VEC>(a, x, g, w, csv, r, inv_d, c, cpr, sub);
       if (u.on && has_w) {  // dw terms: float4 read-modify-writes of the lane's columns
 #pragma unroll
         for (int k = 0; k < 2; ++k)
@@ -713,12 +751,7 @@ __device__ __forceinline__ void qknorm_rows_body(const QkNormArgs& a) {
             dw = v4;
           }
       }
-#pragma unroll
-      for (int k = 0; k < 2; ++k)
-#pragma unroll
-        for (int i = 0; i < VEC; ++i) x[k][i] = r * (w[k][i] * g[k][i] - x[k][i] * mean);  // dv
-      if (a.rope_first) rotate_vals<INTERLEAVED, VEC>(x, csv, -1.f);
-      if (u.on) store_vals<T, VEC>(a.r.out_ptr[t], u.out_off, e0, e1, x);
+      row_backward_store<T, INTERLEAVED, VEC>(a, u, x, g, w, csv, r, mean, e0, e1);
     }
     if (nstep == 0) __syncwarp();  // every lane is done with the token's cos/sin
     cur = nxt;
