@@ -586,6 +586,60 @@ __device__ __forceinline__ void row_backward_store(const QkNormArgs& a, const Ro
   if (u.on) store_vals<T, VEC>(a.r.out_ptr[u.t], u.out_off, e0, e1, x);
 }
 
+// w' of the lane's columns of tensor t (float4 reads: e0, e1 and d are
+// multiples of VEC >= 4, the slices before wsm whole float4s).
+template <int VEC>
+__device__ __forceinline__ void lane_weights(const float* wsm, int t, int d, int e0, int e1,
+                                             float (&w)[2][VEC]) {
+#pragma unroll
+  for (int k = 0; k < 2; ++k)
+#pragma unroll
+    for (int i = 0; i < VEC; i += 4) {
+      const float4 v4 = *reinterpret_cast<const float4*>(wsm + t * d + (k ? e1 : e0) + i);
+      w[k][i] = v4.x;
+      w[k][i + 1] = v4.y;
+      w[k][i + 2] = v4.z;
+      w[k][i + 3] = v4.w;
+    }
+}
+
+// The chunk's cos/sin: pairs v, v + 1 (v even) share a 16-byte slot
+// (rows_cs_slot), so one shared load takes both (all issued together);
+// per-head tables compute them instead.
+template <bool INTERLEAVED, int VEC>
+__device__ __forceinline__ void chunk_cos_sin(const QkNormArgs& a, const float2* cs, int cpr,
+                                              int c, const RowUnit& u,
+                                              const ChunkPairs<INTERLEAVED, VEC>& pair_at,
+                                              long long pos0, float2 (&csv)[VEC]) {
+#pragma unroll
+  for (int v = 0; v < VEC; v += 2) {
+    const float4 c4 = *reinterpret_cast<const float4*>(cs + 2 * ((v >> 1) * cpr + c));
+    csv[v] = make_float2(c4.x, c4.y);
+    csv[v + 1] = make_float2(c4.z, c4.w);
+  }
+  if (a.r.freq_sh) {
+#pragma unroll
+    for (int v = 0; v < VEC; ++v)
+      csv[v] = u.on ? pair_cos_sin(a.r, u.b, u.s, pair_at(v), u.hh, pos0) : make_float2(0.f, 0.f);
+  }
+}
+
+// r = rsqrt(mean(x^2) + eps) of the head row in x, its sum of squares a
+// segmented shuffle over the row's cpr lanes. mean(x^2): a power-of-two D
+// scales exactly, so the product is the quotient.
+template <int VEC>
+__device__ __forceinline__ float row_rsqrt(const float (&x)[2][VEC], int c, int cpr, int sub,
+                                           bool pow2_d, float inv_d, float fd, float eps) {
+  float ss = 0.f;
+#pragma unroll
+  for (int k = 0; k < 2; ++k)
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) ss = fmaf(x[k][i], x[k][i], ss);
+  ss = seg_sum(ss, c, cpr, sub * cpr);
+  const float ms = pow2_d ? ss * inv_d : __fdiv_rn(ss, fd);
+  return rsqrtf(add_exact(ms, eps));
+}
+
 // The fast path's body (qknorm_rows_kernel and its flat entry).
 template <typename T, bool INTERLEAVED, int VEC, bool BWD>
 __device__ __forceinline__ void qknorm_rows_body(const QkNormArgs& a) {
@@ -644,20 +698,6 @@ __device__ __forceinline__ void qknorm_rows_body(const QkNormArgs& a) {
       p.g[1] = load_pack<T, VEC>(a.r.in_ptr[u.t], u.in_off + e1);
     }
   };
-  // w' of the lane's columns of tensor t (float4 reads: e0, e1 and d are
-  // multiples of VEC >= 4, the slices before wsm whole float4s)
-  auto weights = [&](int t, float (&w)[2][VEC]) {
-#pragma unroll
-    for (int k = 0; k < 2; ++k)
-#pragma unroll
-      for (int i = 0; i < VEC; i += 4) {
-        const float4 v4 = *reinterpret_cast<const float4*>(wsm + t * d + (k ? e1 : e0) + i);
-        w[k][i] = v4.x;
-        w[k][i + 1] = v4.y;
-        w[k][i + 2] = v4.z;
-        w[k][i + 3] = v4.w;
-      }
-  };
   __syncthreads();
   long long pos0 = 0;
   long long tok = warp;
@@ -688,21 +728,8 @@ __device__ __forceinline__ void qknorm_rows_body(const QkNormArgs& a) {
     }
     RowPacks<T, VEC, BWD> nxt;
     if (ntok < tokens) load_unit(unit_at(nb, ns, nstep), nxt);
-    // the chunk's cos/sin: pairs v, v + 1 (v even) share a 16-byte slot
-    // (rows_cs_slot), so one shared load takes both (all issued together);
-    // per-head tables compute them instead
     float2 csv[VEC];
-#pragma unroll
-    for (int v = 0; v < VEC; v += 2) {
-      const float4 c4 = *reinterpret_cast<const float4*>(cs + 2 * ((v >> 1) * cpr + c));
-      csv[v] = make_float2(c4.x, c4.y);
-      csv[v + 1] = make_float2(c4.z, c4.w);
-    }
-    if (a.r.freq_sh) {
-#pragma unroll
-      for (int v = 0; v < VEC; ++v)
-        csv[v] = u.on ? pair_cos_sin(a.r, u.b, u.s, pair_at(v), u.hh, pos0) : make_float2(0.f, 0.f);
-    }
+    chunk_cos_sin<INTERLEAVED, VEC>(a, cs, cpr, c, u, pair_at, pos0, csv);
     const int t = u.t;
     float x[2][VEC] = {}, g[2][VEC] = {};  // forward: x; backward: x and dy
     if (u.on) {
@@ -721,18 +748,10 @@ __device__ __forceinline__ void qknorm_rows_body(const QkNormArgs& a) {
           for (int i = 0; i < VEC; ++i) x[k][i] = round_to<T>(x[k][i]);
       }
     }
-    float ss = 0.f;
-#pragma unroll
-    for (int k = 0; k < 2; ++k)
-#pragma unroll
-      for (int i = 0; i < VEC; ++i) ss = fmaf(x[k][i], x[k][i], ss);
-    ss = seg_sum(ss, c, cpr, sub * cpr);
-    // mean(x^2): a power-of-two D scales exactly, so the product is the quotient
-    const float ms = pow2_d ? ss * inv_d : __fdiv_rn(ss, fd);
-    const float r = rsqrtf(add_exact(ms, eps));
+    const float r = row_rsqrt<VEC>(x, c, cpr, sub, pow2_d, inv_d, fd, eps);
     const bool has_w = a.w_ptr[t] != 0;
     float w[2][VEC];
-    weights(t, w);
+    lane_weights<VEC>(wsm, t, d, e0, e1, w);
     if constexpr (!BWD) {
       row_forward<T, INTERLEAVED, VEC>(a, u, x, w, csv, r, has_w, e0, e1);
     } else {
