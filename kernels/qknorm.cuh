@@ -671,7 +671,7 @@ __device__ __forceinline__ void qknorm_rows_body(const QkNormArgs& a) {
     const long long n_rows = (blockDim.x >> 5) * rpw * (a.part_cols + kDwPad);
     for (long long i = threadIdx.x; i < n_rows; i += blockDim.x) rows[i] = 0.f;
   }
-  auto unit_at = [&](unsigned ub, unsigned us, int step) {
+  auto unit_at = [&](unsigned ub, unsigned us, int step) {  // the lane's row (RowUnit)
     RowUnit u;
     u.b = ub;
     u.s = us;
@@ -713,7 +713,8 @@ __device__ __forceinline__ void qknorm_rows_body(const QkNormArgs& a) {
     if (step == 0) {  // the token's cos/sin (its first loads are in flight)
       pos0 = a.r.stream_map_ptr ? 0 : token_position(a.r, b, s, 0);
       if (!a.r.freq_sh) {
-        for (int p = lane; p < npairs; p += 32) cs[rows_cs_slot<INTERLEAVED, VEC>(p, npairs)] = pair_cos_sin(a.r, b, s, p, 0, pos0);
+        for (int p = lane; p < npairs; p += 32)
+          cs[rows_cs_slot<INTERLEAVED, VEC>(p, npairs)] = pair_cos_sin(a.r, b, s, p, 0, pos0);
       }
       __syncwarp();
     }
@@ -755,7 +756,8 @@ __device__ __forceinline__ void qknorm_rows_body(const QkNormArgs& a) {
     if constexpr (!BWD) {
       row_forward<T, INTERLEAVED, VEC>(a, u, x, w, csv, r, has_w, e0, e1);
     } else {
-      const float mean = row_backward_mean<INTERLEAVED, VEC>(a, x, g, w, csv, r, inv_d, c, cpr, sub);
+      const float mean =
+          row_backward_mean<INTERLEAVED, VEC>(a, x, g, w, csv, r, inv_d, c, cpr, sub);
       if (u.on && has_w) {  // dw terms: float4 read-modify-writes of the lane's columns
 #pragma unroll
         for (int k = 0; k < 2; ++k)
