@@ -5,8 +5,9 @@ on the CPU):
     PYTHONPATH=. python benchmarks/ptx_diff.py [--rev c1caac3] [--arch compute_90]
                                                [--family shared ...]
 
-Both trees compile every name of ``loader.all_kernel_names()`` (the working
-tree's list) with the working tree's options (``loader.compile_options()``:
+Both trees compile every name of ``loader.all_kernel_names()`` and
+``loader.kv_kernel_names()`` (the working tree's lists; the KV-cache dialect
+from its own translation unit) with the working tree's options (``loader.compile_options()``:
 its tuning defines, which the headers of older revisions also accepted, as
 overrides of their own defaults) and CuPy's standard flags; the revision's
 ``kernels/`` come from ``git show REV:kernels/FILE``. Each ``.entry`` body is
@@ -57,12 +58,20 @@ def _ok(result):
     return result[1] if len(result) == 2 else None
 
 
-def compile_ptx(folder: str, names: list[str], arch: str) -> dict[str, str]:
-    """PTX entry bodies of ``names`` compiled from ``folder``'s rope.cu, by name."""
+def family_names(family: str) -> list[str]:
+    """The instantiations of a rope family or of a KV-cache family."""
+    if family in loader.KV_FAMILIES:
+        return loader.kv_kernel_names(family)
+    return loader.all_kernel_names(family)
+
+
+def compile_ptx(folder: str, names: list[str], arch: str,
+                entry: str = loader.ENTRY) -> dict[str, str]:
+    """PTX entry bodies of ``names`` compiled from ``folder``'s ``entry``, by name."""
     from cuda import pathfinder
     nv = nvrtc()
-    src = (Path(folder) / loader.ENTRY).read_bytes()
-    prog = _ok(nv.nvrtcCreateProgram(src, loader.ENTRY.encode(), 0, [], []))
+    src = (Path(folder) / entry).read_bytes()
+    prog = _ok(nv.nvrtcCreateProgram(src, entry.encode(), 0, [], []))
     for n in names:
         _ok(nv.nvrtcAddNameExpression(prog, n.encode()))
     options = [f"-I{folder}"] + [o for o in loader.compile_options() if not o.startswith("-I")]
@@ -118,8 +127,9 @@ def normalise(body: str) -> list[str]:
 
 
 def _job(args):
-    folder, names, arch = args
-    return compile_ptx(folder, names, arch)
+    folder, family, arch = args
+    entry = loader.KV_ENTRY if family in loader.KV_FAMILIES else loader.ENTRY
+    return compile_ptx(folder, family_names(family), arch, entry)
 
 
 def main(argv=None) -> int:
@@ -127,23 +137,22 @@ def main(argv=None) -> int:
     ap.add_argument("--rev", default="c1caac3", help="git revision to compare against")
     ap.add_argument("--arch", default="compute_90")
     ap.add_argument("--context", type=int, default=3, help="diff lines shown per difference (x10)")
-    ap.add_argument("--family", action="append", choices=loader.FAMILIES,
+    ap.add_argument("--family", action="append", choices=loader.FAMILIES + loader.KV_FAMILIES,
                     help="compare only this family (repeatable; default: all)")
     args = ap.parse_args(argv)
     tree = str(loader.kernel_dir())
-    families = args.family or loader.FAMILIES
+    families = args.family or loader.FAMILIES + loader.KV_FAMILIES
     with tempfile.TemporaryDirectory() as tmp:
         old = str(revision_kernels(args.rev, Path(tmp)))
         # one job per (tree, family): independent compiles, two at a time or more
-        jobs = [(folder, loader.all_kernel_names(fam), args.arch)
-                for folder in (old, tree) for fam in families]
+        jobs = [(folder, fam, args.arch) for folder in (old, tree) for fam in families]
         with ProcessPoolExecutor() as pool:
             results = list(pool.map(_job, jobs))
     half = len(families)
     before = {k: v for r in results[:half] for k, v in r.items()}
     after = {k: v for r in results[half:] for k, v in r.items()}
     differ = 0
-    for name in (n for fam in families for n in loader.all_kernel_names(fam)):
+    for name in (n for fam in families for n in family_names(fam)):
         a, b = normalise(before[name]), normalise(after[name])
         if a == b:
             print(f"identical  {name}")

@@ -14,8 +14,31 @@
     !defined(CUPROPE_RUN_STAGES32) || !defined(CUPROPE_STAGES16) ||                   \
     !defined(CUPROPE_STAGES32) || !defined(CUPROPE_MIN_BLOCKS) ||                     \
     !defined(CUPROPE_MIN_BLOCKS_PH16) || !defined(CUPROPE_MIN_BLOCKS_PH32) ||         \
-    !defined(CUPROPE_MIN_BLOCKS_PH_BWD)
+    !defined(CUPROPE_MIN_BLOCKS_PH_BWD) || !defined(CUPROPE_THREADS) ||               \
+    !defined(CUPROPE_WARPS16) || !defined(CUPROPE_WARPS32) ||                         \
+    !defined(CUPROPE_QKNORM_WARPS) || !defined(CUPROPE_QKNORM_MIN_BLOCKS) ||          \
+    !defined(CUPROPE_QKNORM_MIN_BLOCKS_BWD) || !defined(CUPROPE_QKNORM_DW_PAD)
 #error "the CUPROPE_* kernel constants are defined by cuprope/_core/loader.py (compile_options)"
+#endif
+
+// The tuning values a kernel cannot work with (CUPROPE_KERNEL_DEFINES can set any).
+#if CUPROPE_THREADS % 32 != 0 || CUPROPE_THREADS < 32 || CUPROPE_THREADS > 1024
+#error "CUPROPE_THREADS: whole warps, 32 to 1024 threads"
+#endif
+#if CUPROPE_WARPS16 < 1 || CUPROPE_WARPS32 < 1 || 32 * CUPROPE_WARPS16 > CUPROPE_THREADS || \
+    32 * CUPROPE_WARPS32 > CUPROPE_THREADS
+#error "CUPROPE_WARPS16/32: 1 to CUPROPE_THREADS / 32 warps per block"
+#endif
+#if CUPROPE_QKNORM_WARPS < 1 || CUPROPE_QKNORM_WARPS > 32
+#error "CUPROPE_QKNORM_WARPS: 1 to 32 warps per block"
+#endif
+#if CUPROPE_MIN_BLOCKS < 1 || CUPROPE_MIN_BLOCKS_PH16 < 1 || CUPROPE_MIN_BLOCKS_PH32 < 1 || \
+    CUPROPE_MIN_BLOCKS_PH_BWD < 1 || CUPROPE_QKNORM_MIN_BLOCKS < 1 ||                      \
+    CUPROPE_QKNORM_MIN_BLOCKS_BWD < 1
+#error "CUPROPE_*MIN_BLOCKS*: at least one block per SM"
+#endif
+#if CUPROPE_QKNORM_DW_PAD < 0 || CUPROPE_QKNORM_DW_PAD % 4 != 0
+#error "CUPROPE_QKNORM_DW_PAD: whole float4s (the dw rows are read and written as float4)"
 #endif
 
 namespace cuprope {
@@ -38,5 +61,16 @@ constexpr int kActSoftmaxSeq = CUPROPE_ACT_SOFTMAX_SEQ;  // over the sequence: l
 
 // Sequence slices of lrpe_seq_stats_kernel: its block is (32, kSeqSlices).
 constexpr int kSeqSlices = CUPROPE_SEQ_SLICES;
+
+// The most threads per block of rope_kernel, lrpe_seq_stats_kernel aside,
+// and of the KV-cache kernels (their __launch_bounds__).
+constexpr int kThreads = CUPROPE_THREADS;
+
+// QK-norm (qknorm.cuh): warps per block of every QK-norm kernel, so threads
+// per block (their __launch_bounds__), and the floats of padding after each
+// head row of the fast backward's dw terms in shared memory (kDwPad's note).
+constexpr int kQkWarps = CUPROPE_QKNORM_WARPS;
+constexpr int kQkThreads = 32 * kQkWarps;
+constexpr int kDwPad = CUPROPE_QKNORM_DW_PAD;
 
 }  // namespace cuprope

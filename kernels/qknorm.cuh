@@ -415,7 +415,7 @@ __device__ __forceinline__ void qknorm_body(const QkNormArgs& a) {
 }
 
 template <typename T, bool INTERLEAVED, bool BWD>
-__global__ void __launch_bounds__(256) qknorm_kernel(const QkNormArgs a) {
+__global__ void __launch_bounds__(kQkThreads) qknorm_kernel(const QkNormArgs a) {
   qknorm_body<T, INTERLEAVED, BWD>(a);
 }
 
@@ -469,10 +469,10 @@ __device__ __forceinline__ float head_weight(const QkNormArgs& a, int t, int e) 
 }
 
 // The head rows of dw terms in shared memory are part_cols + kDwPad floats
-// apart: with an odd number of 16-byte slots per row, the float4 accesses
-// of a warp's rpw rows and cpr chunks spread over all banks (unpadded, the
-// rows fell on the same banks: ncu counted 59 % excess wavefronts).
-constexpr int kDwPad = 4;
+// apart (kDwPad: CUPROPE_QKNORM_DW_PAD, constants.cuh): with an odd number
+// of 16-byte slots per row, the float4 accesses of a warp's rpw rows and cpr
+// chunks spread over all banks (unpadded, the rows fell on the same banks:
+// ncu counted 59 % excess wavefronts).
 
 // Slot (in float2) of pair p in qknorm_rows_kernel's cos/sin slice: chunk c's
 // pairs v, v + 1 (v even, pair_at's order) share the 16-byte slot
@@ -519,6 +519,127 @@ struct RowPacks {
   Pack<T, VEC> x[2], g[2];  // x (the saved input, backward); g: dy (backward)
 };
 
+// The lane's row of unit (token (b, s), step): head h (of q, then k),
+// tensor t, its head hh there, whether the lane works on it, its offsets.
+struct RowUnit {
+  unsigned b, s;
+  int t, hh;
+  bool on;
+  long long in_off, out_off, x_off;
+};
+
+// The forward of the lane's row of unit u: x (pre-norm) normed with r and
+// w', rotated (norm_then_rope) and stored.
+template <typename T, bool INTERLEAVED, int VEC>
+__device__ __forceinline__ void row_forward(const QkNormArgs& a, const RowUnit& u,
+                                            float (&x)[2][VEC], const float (&w)[2][VEC],
+                                            const float2 (&csv)[VEC], float r, bool has_w,
+                                            int e0, int e1) {
+  if (a.rounding == 0) {  // (warp-uniform: the exact mode's loop has no branches)
+#pragma unroll
+    for (int k = 0; k < 2; ++k)
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) x[k][i] = x[k][i] * r * w[k][i];
+  } else {
+#pragma unroll
+    for (int k = 0; k < 2; ++k)
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) x[k][i] = norm_value<T>(a, has_w, x[k][i], r, w[k][i]);
+  }
+  if (!a.rope_first) rotate_vals<INTERLEAVED, VEC>(x, csv, 1.f);
+  if (u.on) store_vals<T, VEC>(a.r.out_ptr[u.t], u.out_off, e0, e1, x);
+}
+
+// The backward of the lane's row (exact rounding), from x (pre-norm) and g
+// (dy): g rotated back (norm_then_rope), x turned into n = x * r, and the
+// head's mean(n * w' * g), a segmented shuffle over its cpr lanes.
+template <bool INTERLEAVED, int VEC>
+__device__ __forceinline__ float row_backward_mean(const QkNormArgs& a, float (&x)[2][VEC],
+                                                   float (&g)[2][VEC], const float (&w)[2][VEC],
+                                                   const float2 (&csv)[VEC], float r,
+                                                   float inv_d, int c, int cpr, int sub) {
+  if (!a.rope_first) rotate_vals<INTERLEAVED, VEC>(g, csv, -1.f);
+  float dot = 0.f;
+#pragma unroll
+  for (int k = 0; k < 2; ++k)
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) {
+      x[k][i] *= r;  // n
+      dot = fmaf(x[k][i], w[k][i] * g[k][i], dot);
+    }
+  return seg_sum(dot, c, cpr, sub * cpr) * inv_d;
+}
+
+// Then dv = r * (w' * g - n * mean), rotated back (rope_then_norm) into dx
+// and stored.
+template <typename T, bool INTERLEAVED, int VEC>
+__device__ __forceinline__ void row_backward_store(const QkNormArgs& a, const RowUnit& u,
+                                                   float (&x)[2][VEC], const float (&g)[2][VEC],
+                                                   const float (&w)[2][VEC],
+                                                   const float2 (&csv)[VEC], float r, float mean,
+                                                   int e0, int e1) {
+#pragma unroll
+  for (int k = 0; k < 2; ++k)
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) x[k][i] = r * (w[k][i] * g[k][i] - x[k][i] * mean);  // dv
+  if (a.rope_first) rotate_vals<INTERLEAVED, VEC>(x, csv, -1.f);
+  if (u.on) store_vals<T, VEC>(a.r.out_ptr[u.t], u.out_off, e0, e1, x);
+}
+
+// w' of the lane's columns of tensor t (float4 reads: e0, e1 and d are
+// multiples of VEC >= 4, the slices before wsm whole float4s).
+template <int VEC>
+__device__ __forceinline__ void lane_weights(const float* wsm, int t, int d, int e0, int e1,
+                                             float (&w)[2][VEC]) {
+#pragma unroll
+  for (int k = 0; k < 2; ++k)
+#pragma unroll
+    for (int i = 0; i < VEC; i += 4) {
+      const float4 v4 = *reinterpret_cast<const float4*>(wsm + t * d + (k ? e1 : e0) + i);
+      w[k][i] = v4.x;
+      w[k][i + 1] = v4.y;
+      w[k][i + 2] = v4.z;
+      w[k][i + 3] = v4.w;
+    }
+}
+
+// The chunk's cos/sin: pairs v, v + 1 (v even) share a 16-byte slot
+// (rows_cs_slot), so one shared load takes both (all issued together);
+// per-head tables compute them instead.
+template <bool INTERLEAVED, int VEC>
+__device__ __forceinline__ void chunk_cos_sin(const QkNormArgs& a, const float2* cs, int cpr,
+                                              int c, const RowUnit& u,
+                                              const ChunkPairs<INTERLEAVED, VEC>& pair_at,
+                                              long long pos0, float2 (&csv)[VEC]) {
+#pragma unroll
+  for (int v = 0; v < VEC; v += 2) {
+    const float4 c4 = *reinterpret_cast<const float4*>(cs + 2 * ((v >> 1) * cpr + c));
+    csv[v] = make_float2(c4.x, c4.y);
+    csv[v + 1] = make_float2(c4.z, c4.w);
+  }
+  if (a.r.freq_sh) {
+#pragma unroll
+    for (int v = 0; v < VEC; ++v)
+      csv[v] = u.on ? pair_cos_sin(a.r, u.b, u.s, pair_at(v), u.hh, pos0) : make_float2(0.f, 0.f);
+  }
+}
+
+// r = rsqrt(mean(x^2) + eps) of the head row in x, its sum of squares a
+// segmented shuffle over the row's cpr lanes. mean(x^2): a power-of-two D
+// scales exactly, so the product is the quotient.
+template <int VEC>
+__device__ __forceinline__ float row_rsqrt(const float (&x)[2][VEC], int c, int cpr, int sub,
+                                           bool pow2_d, float inv_d, float fd, float eps) {
+  float ss = 0.f;
+#pragma unroll
+  for (int k = 0; k < 2; ++k)
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) ss = fmaf(x[k][i], x[k][i], ss);
+  ss = seg_sum(ss, c, cpr, sub * cpr);
+  const float ms = pow2_d ? ss * inv_d : __fdiv_rn(ss, fd);
+  return rsqrtf(add_exact(ms, eps));
+}
+
 // The fast path's body (qknorm_rows_kernel and its flat entry).
 template <typename T, bool INTERLEAVED, int VEC, bool BWD>
 __device__ __forceinline__ void qknorm_rows_body(const QkNormArgs& a) {
@@ -550,16 +671,8 @@ __device__ __forceinline__ void qknorm_rows_body(const QkNormArgs& a) {
     const long long n_rows = (blockDim.x >> 5) * rpw * (a.part_cols + kDwPad);
     for (long long i = threadIdx.x; i < n_rows; i += blockDim.x) rows[i] = 0.f;
   }
-  // The lane's row of unit (token (b, s), step): head h (of q, then k),
-  // tensor t, its head hh there, whether the lane works on it, its offsets.
-  struct Unit {
-    unsigned b, s;
-    int t, hh;
-    bool on;
-    long long in_off, out_off, x_off;
-  };
-  auto unit_at = [&](unsigned ub, unsigned us, int step) {
-    Unit u;
+  auto unit_at = [&](unsigned ub, unsigned us, int step) {  // the lane's row (RowUnit)
+    RowUnit u;
     u.b = ub;
     u.s = us;
     const int h = step * rpw + sub;
@@ -575,7 +688,7 @@ __device__ __forceinline__ void qknorm_rows_body(const QkNormArgs& a) {
     ub = static_cast<unsigned>(tok / a.r.n_seq);
     us = static_cast<unsigned>(tok - static_cast<long long>(ub) * a.r.n_seq);
   };
-  auto load_unit = [&](const Unit& u, RowPacks<T, VEC, BWD>& p) {
+  auto load_unit = [&](const RowUnit& u, RowPacks<T, VEC, BWD>& p) {
     if (!u.on) return;
     const long long src = BWD ? a.x_ptr[u.t] : a.r.in_ptr[u.t];
     p.x[0] = load_pack<T, VEC>(src, u.x_off + e0);
@@ -585,21 +698,8 @@ __device__ __forceinline__ void qknorm_rows_body(const QkNormArgs& a) {
       p.g[1] = load_pack<T, VEC>(a.r.in_ptr[u.t], u.in_off + e1);
     }
   };
-  // w' of the lane's columns of tensor t (float4 reads: e0, e1 and d are
-  // multiples of VEC >= 4, the slices before wsm whole float4s)
-  auto weights = [&](int t, float (&w)[2][VEC]) {
-#pragma unroll
-    for (int k = 0; k < 2; ++k)
-#pragma unroll
-      for (int i = 0; i < VEC; i += 4) {
-        const float4 v4 = *reinterpret_cast<const float4*>(wsm + t * d + (k ? e1 : e0) + i);
-        w[k][i] = v4.x;
-        w[k][i + 1] = v4.y;
-        w[k][i + 2] = v4.z;
-        w[k][i + 3] = v4.w;
-      }
-  };
   __syncthreads();
+  long long pos0 = 0;
   long long tok = warp;
   int step = 0;
   unsigned b = 0, s = 0;
@@ -608,13 +708,13 @@ __device__ __forceinline__ void qknorm_rows_body(const QkNormArgs& a) {
     split(tok, b, s);
     load_unit(unit_at(b, s, 0), cur);
   }
-  long long pos0 = 0;
   while (tok < tokens) {
-    const Unit u = unit_at(b, s, step);
+    const RowUnit u = unit_at(b, s, step);
     if (step == 0) {  // the token's cos/sin (its first loads are in flight)
       pos0 = a.r.stream_map_ptr ? 0 : token_position(a.r, b, s, 0);
       if (!a.r.freq_sh) {
-        for (int p = lane; p < npairs; p += 32) cs[rows_cs_slot<INTERLEAVED, VEC>(p, npairs)] = pair_cos_sin(a.r, b, s, p, 0, pos0);
+        for (int p = lane; p < npairs; p += 32)
+          cs[rows_cs_slot<INTERLEAVED, VEC>(p, npairs)] = pair_cos_sin(a.r, b, s, p, 0, pos0);
       }
       __syncwarp();
     }
@@ -629,21 +729,8 @@ __device__ __forceinline__ void qknorm_rows_body(const QkNormArgs& a) {
     }
     RowPacks<T, VEC, BWD> nxt;
     if (ntok < tokens) load_unit(unit_at(nb, ns, nstep), nxt);
-    // the chunk's cos/sin: pairs v, v + 1 (v even) share a 16-byte slot
-    // (rows_cs_slot), so one shared load takes both (all issued together);
-    // per-head tables compute them instead
     float2 csv[VEC];
-#pragma unroll
-    for (int v = 0; v < VEC; v += 2) {
-      const float4 c4 = *reinterpret_cast<const float4*>(cs + 2 * ((v >> 1) * cpr + c));
-      csv[v] = make_float2(c4.x, c4.y);
-      csv[v + 1] = make_float2(c4.z, c4.w);
-    }
-    if (a.r.freq_sh) {
-#pragma unroll
-      for (int v = 0; v < VEC; ++v)
-        csv[v] = u.on ? pair_cos_sin(a.r, u.b, u.s, pair_at(v), u.hh, pos0) : make_float2(0.f, 0.f);
-    }
+    chunk_cos_sin<INTERLEAVED, VEC>(a, cs, cpr, c, u, pair_at, pos0, csv);
     const int t = u.t;
     float x[2][VEC] = {}, g[2][VEC] = {};  // forward: x; backward: x and dy
     if (u.on) {
@@ -662,43 +749,15 @@ __device__ __forceinline__ void qknorm_rows_body(const QkNormArgs& a) {
           for (int i = 0; i < VEC; ++i) x[k][i] = round_to<T>(x[k][i]);
       }
     }
-    float ss = 0.f;
-#pragma unroll
-    for (int k = 0; k < 2; ++k)
-#pragma unroll
-      for (int i = 0; i < VEC; ++i) ss = fmaf(x[k][i], x[k][i], ss);
-    ss = seg_sum(ss, c, cpr, sub * cpr);
-    // mean(x^2): a power-of-two D scales exactly, so the product is the quotient
-    const float ms = pow2_d ? ss * inv_d : __fdiv_rn(ss, fd);
-    const float r = rsqrtf(add_exact(ms, eps));
+    const float r = row_rsqrt<VEC>(x, c, cpr, sub, pow2_d, inv_d, fd, eps);
     const bool has_w = a.w_ptr[t] != 0;
     float w[2][VEC];
-    weights(t, w);
+    lane_weights<VEC>(wsm, t, d, e0, e1, w);
     if constexpr (!BWD) {
-      if (a.rounding == 0) {  // (warp-uniform: the exact mode's loop has no branches)
-#pragma unroll
-        for (int k = 0; k < 2; ++k)
-#pragma unroll
-          for (int i = 0; i < VEC; ++i) x[k][i] = x[k][i] * r * w[k][i];
-      } else {
-#pragma unroll
-        for (int k = 0; k < 2; ++k)
-#pragma unroll
-          for (int i = 0; i < VEC; ++i) x[k][i] = norm_value<T>(a, has_w, x[k][i], r, w[k][i]);
-      }
-      if (!a.rope_first) rotate_vals<INTERLEAVED, VEC>(x, csv, 1.f);
-      if (u.on) store_vals<T, VEC>(a.r.out_ptr[t], u.out_off, e0, e1, x);
+      row_forward<T, INTERLEAVED, VEC>(a, u, x, w, csv, r, has_w, e0, e1);
     } else {
-      if (!a.rope_first) rotate_vals<INTERLEAVED, VEC>(g, csv, -1.f);
-      float dot = 0.f;
-#pragma unroll
-      for (int k = 0; k < 2; ++k)
-#pragma unroll
-        for (int i = 0; i < VEC; ++i) {
-          x[k][i] *= r;  // n
-          dot = fmaf(x[k][i], w[k][i] * g[k][i], dot);
-        }
-      const float mean = seg_sum(dot, c, cpr, sub * cpr) * inv_d;
+      const float mean =
+          row_backward_mean<INTERLEAVED, VEC>(a, x, g, w, csv, r, inv_d, c, cpr, sub);
       if (u.on && has_w) {  // dw terms: float4 read-modify-writes of the lane's columns
 #pragma unroll
         for (int k = 0; k < 2; ++k)
@@ -713,12 +772,7 @@ __device__ __forceinline__ void qknorm_rows_body(const QkNormArgs& a) {
             dw = v4;
           }
       }
-#pragma unroll
-      for (int k = 0; k < 2; ++k)
-#pragma unroll
-        for (int i = 0; i < VEC; ++i) x[k][i] = r * (w[k][i] * g[k][i] - x[k][i] * mean);  // dv
-      if (a.rope_first) rotate_vals<INTERLEAVED, VEC>(x, csv, -1.f);
-      if (u.on) store_vals<T, VEC>(a.r.out_ptr[t], u.out_off, e0, e1, x);
+      row_backward_store<T, INTERLEAVED, VEC>(a, u, x, g, w, csv, r, mean, e0, e1);
     }
     if (nstep == 0) __syncwarp();  // every lane is done with the token's cos/sin
     cur = nxt;
@@ -728,43 +782,43 @@ __device__ __forceinline__ void qknorm_rows_body(const QkNormArgs& a) {
   if constexpr (BWD) block_dw_row(a, rows, (blockDim.x >> 5) * rpw);
 }
 
-// Blocks of 256 threads that must fit an SM at once (also the flat entry's bound).
+// Blocks of kQkThreads threads that must fit an SM at once (also the flat
+// entry's bound): CUPROPE_QKNORM_MIN_BLOCKS(_BWD).
 template <bool BWD>
 __host__ __device__ constexpr int qknorm_rows_min_blocks() {
-  return BWD ? 2 : 3;
+  return BWD ? CUPROPE_QKNORM_MIN_BLOCKS_BWD : CUPROPE_QKNORM_MIN_BLOCKS;
 }
 
 template <typename T, bool INTERLEAVED, int VEC, bool BWD>
-__global__ void __launch_bounds__(256, qknorm_rows_min_blocks<BWD>())
+__global__ void __launch_bounds__(kQkThreads, qknorm_rows_min_blocks<BWD>())
     qknorm_rows_kernel(const QkNormArgs a) {
   qknorm_rows_body<T, INTERLEAVED, VEC, BWD>(a);
 }
 
 // The weight gradients from the partial rows: column c of out is the sum of
-// part[0..rows)[col0 + c] in a fixed order (8 slices of rows, each summed in
-// order, then the slices in order), stored in out_dtype (0 f32, 1 f16, 2 bf16).
-// Blocks of 256 threads in one dimension (warp y of the block sums slice y of
+// part[0..rows)[col0 + c] in a fixed order (kQkWarps slices of rows, each summed
+// in order, then the slices in order), stored in out_dtype (0 f32, 1 f16, 2 bf16).
+// Blocks of kQkThreads threads in one dimension (warp y of the block sums slice y of
 // columns blockIdx.x * 32 + lane), so that a launcher with 1-D blocks (jaxlib's
 // GPU kernel call) launches it as it is; part_ptr is its one input and out_ptr
 // its one output, in that order.
-__global__ void __launch_bounds__(256) qknorm_dw_kernel(long long part_ptr, long long rows,
-                                                         long long stride, long long col0,
-                                                         long long cols, long long out_ptr,
-                                                         long long out_dtype) {
-  __shared__ float acc[8][32];
+__global__ void __launch_bounds__(kQkThreads)
+    qknorm_dw_kernel(long long part_ptr, long long rows, long long stride, long long col0,
+                     long long cols, long long out_ptr, long long out_dtype) {
+  __shared__ float acc[kQkWarps][32];
   const int lane = threadIdx.x & 31, slice = threadIdx.x >> 5;
   const long long c = static_cast<long long>(blockIdx.x) * 32 + lane;
   const float* part = reinterpret_cast<const float*>(part_ptr);
   float v = 0.f;
   if (c < cols) {
-    for (long long row = slice; row < rows; row += 8) v += part[row * stride + col0 + c];
+    for (long long row = slice; row < rows; row += kQkWarps) v += part[row * stride + col0 + c];
   }
   acc[slice][lane] = v;
   __syncthreads();
   if (slice != 0 || c >= cols) return;
   float sum = 0.f;
 #pragma unroll
-  for (int k = 0; k < 8; ++k) sum += acc[k][lane];
+  for (int k = 0; k < kQkWarps; ++k) sum += acc[k][lane];
   if (out_dtype == 1) {
     reinterpret_cast<__half*>(out_ptr)[c] = from_f32<__half>(sum);
   } else if (out_dtype == 2) {

@@ -43,8 +43,6 @@
 
 namespace cuprope {
 
-constexpr int kThreads = 256;  // most threads per block (whole warps)
-
 // Where pair v of a lane's chunk sits in its two packs: element i1 of pack k1
 // and element i2 of pack k2. Half split: (p0[v], p1[v]). Interleaved: pack 0
 // holds pairs [0, VEC/2) and pack 1 the rest, each as two adjacent elements;

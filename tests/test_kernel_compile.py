@@ -137,6 +137,10 @@ def test_host_and_kernels_read_one_set_of_constants():
     assert d["CUPROPE_ACT_SOFTMAX_SEQ"] == str(launch.SOFTMAX_SEQ)
     assert d["CUPROPE_SEQ_SLICES"] == str(launch.SEQ_SLICES)
     assert d["CUPROPE_SRC_TABLE"] == str(_loader.SRC_TABLE)
+    from cuprope._core import qknorm_launch
+    assert d["CUPROPE_QKNORM_WARPS"] == str(qknorm_launch.WARPS)
+    assert qknorm_launch.THREADS == 32 * qknorm_launch.WARPS
+    assert d["CUPROPE_QKNORM_DW_PAD"] == str(qknorm_launch.DW_PAD)
     assert set(_loader.TUNING_DEFAULTS) | set(_loader.CODES) <= set(d)
     for name, text in _loader.kernel_sources().items():
         assert "#define CUPROPE_" not in text, name
@@ -147,14 +151,17 @@ def test_tuning_override_reaches_kernels_and_host():
     the host's values alike (a fresh process: both are read at import)."""
     import subprocess
     import sys
-    code = ("from cuprope._core import launch, loader; o = loader.compile_options(); "
+    code = ("from cuprope._core import launch, loader, qknorm_launch as ql; "
+            "o = loader.compile_options(); "
             "print('-DCUPROPE_STAGES16=2' in o, '-DCUPROPE_RUN32=8' in o, '-DCUPROPE_X' in o, "
-            "launch.STAGES[2], launch.RUNS[4], launch.STAGES[4] == int(loader.TUNING_DEFAULTS["
+            "'-DCUPROPE_QKNORM_WARPS=4' in o, launch.STAGES[2], launch.RUNS[4], ql.WARPS, "
+            "ql.THREADS, ql.DW_PAD, launch.STAGES[4] == int(loader.TUNING_DEFAULTS["
             "'CUPROPE_STAGES32']))")
-    env = dict(os.environ, CUPROPE_KERNEL_DEFINES="CUPROPE_STAGES16=2 CUPROPE_RUN32=8 CUPROPE_X")
+    env = dict(os.environ, CUPROPE_KERNEL_DEFINES="CUPROPE_STAGES16=2 CUPROPE_RUN32=8 CUPROPE_X "
+               "CUPROPE_QKNORM_WARPS=4 CUPROPE_QKNORM_DW_PAD=8")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          check=True).stdout.split()
-    assert out == ["True", "True", "True", "2", "8", "True"]
+    assert out == ["True", "True", "True", "True", "2", "8", "4", "128", "8", "True"]
     with pytest.raises(ValueError, match="CUPROPE_SRC_TABLE is a code"):
         _loader._overrides("CUPROPE_ROWS16=2 CUPROPE_SRC_TABLE=3")
 
@@ -167,6 +174,23 @@ def test_a_missing_constant_stops_the_compile():
     nvrtc.nvrtcDestroyProgram(prog)
     assert rc != nvrtc.nvrtcResult.NVRTC_SUCCESS
     assert "defined by cuprope/_core/loader.py" in log
+
+
+@pytest.mark.parametrize("bad, says", [
+    ("CUPROPE_THREADS=200", "CUPROPE_THREADS: whole warps"),
+    ("CUPROPE_WARPS32=16", "CUPROPE_WARPS16/32: 1 to CUPROPE_THREADS / 32"),
+    ("CUPROPE_QKNORM_WARPS=0", "CUPROPE_QKNORM_WARPS: 1 to 32"),
+    ("CUPROPE_QKNORM_MIN_BLOCKS=0", "MIN_BLOCKS*: at least one"),
+    ("CUPROPE_QKNORM_DW_PAD=2", "CUPROPE_QKNORM_DW_PAD: whole float4s")])
+def test_a_tuning_value_the_kernels_cannot_take_stops_the_compile(bad, says):
+    """constants.cuh checks the tuning values that reach the kernels (each
+    here through a -D option, as CUPROPE_KERNEL_DEFINES would set it)."""
+    name = bad.partition("=")[0]
+    opts = [o for o in _loader.compile_options() if not o.startswith(f"-D{name}=")] + [f"-D{bad}"]
+    rc, log, prog = _build("sm_90", [_loader.QKNORM_DW_KERNEL], opts)
+    nvrtc.nvrtcDestroyProgram(prog)
+    assert rc != nvrtc.nvrtcResult.NVRTC_SUCCESS
+    assert says in log, log
 
 
 def test_ring_rules_agree_with_the_host():
@@ -317,7 +341,10 @@ def test_qknorm_flat_entries_compile_without_new_spills():
         allowed = expected.get(flat, res[by_value][1:])
         assert st <= allowed[0] and ld <= allowed[1], (flat, res[flat], res[by_value])
         if ", 0, " not in flat:  # the fast path's bound: 2 (backward) or 3 blocks per SM
-            assert regs <= 65536 // (256 * (2 if flat.endswith("true>") else 3)), (flat, regs)
+            blocks = _loader.tuning("CUPROPE_QKNORM_MIN_BLOCKS_BWD" if flat.endswith("true>")
+                                    else "CUPROPE_QKNORM_MIN_BLOCKS")
+            threads = 32 * _loader.tuning("CUPROPE_QKNORM_WARPS")
+            assert regs <= 65536 // (threads * blocks), (flat, regs)
         else:  # the general body, uncapped: no spill at all
             assert (st, ld) == (0, 0), (flat, res[flat])
     assert res[_loader.QKNORM_DW_KERNEL][1:] == (0, 0)

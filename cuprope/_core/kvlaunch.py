@@ -17,7 +17,7 @@ from .args import (ARGS, ARGS_DTYPE, ARGS_SLOTS, KV_ARGS_DTYPE, KV_ARGS_FIELDS, 
 from .driver import PackedLaunch
 from .launch import MAX_STEPS, grid_for, sm_count
 from .loader import (ITEMSIZE, KV_ANGLE_TABLE_KERNEL, KV_ANGLES, KV_FAMILIES, MODULES,
-                     SRC_SHARED, kv_family_of, kv_kernel_name, lrpe_vec_widths)
+                     SRC_SHARED, kv_family_of, kv_kernel_name, lrpe_vec_widths, tuning)
 
 
 def pick_kv_vec(dtype, arrays, npairs, tail) -> int:
@@ -109,7 +109,9 @@ def angle_table(config, device):
                            dtype=np.int64).view(ARGS_DTYPE)
         fn = MODULES.functions(device, KV_FAMILIES_ANGLES)[KV_ANGLE_TABLE_KERNEL]
         n = rows * npairs
-        fn((-(-n // 256), 1, 1), (256, 1, 1), (ra, np.int64(table.data.ptr), np.int64(rows)))
+        threads = tuning("CUPROPE_THREADS")  # kv_angle_table_kernel's bound (kThreads)
+        fn((-(-n // threads), 1, 1), (threads, 1, 1),
+           (ra, np.int64(table.data.ptr), np.int64(rows)))
         cupy.cuda.get_current_stream().synchronize()
     config.angle_tables[device] = table
     return table

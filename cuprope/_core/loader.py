@@ -65,8 +65,10 @@ CODES = {"CUPROPE_SRC_SHARED": SRC_SHARED, "CUPROPE_SRC_PER_HEAD": SRC_PER_HEAD,
 # overridden through CUPROPE_KERNEL_DEFINES (benchmarks/tune.py). By element
 # size: 16 for the 16-bit types, 32 for float32.
 TUNING_DEFAULTS = {
-    # warps per block (host only)
-    "CUPROPE_WARPS16": 4, "CUPROPE_WARPS32": 8,
+    # the most threads per block of the rope, LRPE and KV-cache kernels (their
+    # __launch_bounds__, kernels kThreads; whole warps), and the warps per
+    # block the host launches them with (at most CUPROPE_THREADS / 32)
+    "CUPROPE_THREADS": 256, "CUPROPE_WARPS16": 4, "CUPROPE_WARPS32": 8,
     # rows (heads) a lane keeps in flight per step when it loads into registers:
     # one for 16-bit types (fewer registers, more warps resident), two for
     # float32 (NOTES 3)
@@ -84,7 +86,7 @@ TUNING_DEFAULTS = {
     # faster than 3 for the 16-bit types, and 3 than 4 for the float32
     # backward (NOTES 22)
     "CUPROPE_RUN_STAGES16": 4, "CUPROPE_RUN_STAGES32": 3,
-    # blocks of 256 threads that must fit an SM at once (__launch_bounds__).
+    # blocks of CUPROPE_THREADS threads that must fit an SM at once (__launch_bounds__).
     # Plain shared-angle kernels (the hot path): 4 caps them at 64 registers
     # with no spills, so 32 warps stay resident; the other instantiations
     # would spill under it. Per-head kernels (plain and elementwise LRPE
@@ -95,6 +97,15 @@ TUNING_DEFAULTS = {
     # kernels stay uncapped.
     "CUPROPE_MIN_BLOCKS": 4, "CUPROPE_MIN_BLOCKS_PH16": 1, "CUPROPE_MIN_BLOCKS_PH32": 3,
     "CUPROPE_MIN_BLOCKS_PH_BWD": 2,
+    # QK-norm (kernels/qknorm.cuh): warps per block of every QK-norm kernel
+    # (their __launch_bounds__ are 32 times it; the weight-gradient reduction
+    # sums this many slices of rows); the blocks that must fit an SM at once
+    # for the fast path (qknorm_rows_kernel and its flat entry), forward and
+    # backward; and the floats of padding after each head row of dw terms in
+    # the fast backward's shared memory (whole float4s; 4 spreads a warp's
+    # float4 accesses over all banks: kernels kDwPad)
+    "CUPROPE_QKNORM_WARPS": 8, "CUPROPE_QKNORM_MIN_BLOCKS": 3,
+    "CUPROPE_QKNORM_MIN_BLOCKS_BWD": 2, "CUPROPE_QKNORM_DW_PAD": 4,
     # the most warp steps per token (host only, launch.MAX_STEPS): the computed
     # angle sources, and the cos/sin-table source
     "CUPROPE_MAX_STEPS": 3, "CUPROPE_MAX_STEPS_TABLE": 5,

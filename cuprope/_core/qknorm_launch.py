@@ -35,7 +35,7 @@ QKNORM_ARGS = struct.Struct(args.ARGS.format + ARGS_EXTRA.format[1:])
 QKNORM_SLOTS = args.field_slots(QKNORM_ARGS_FIELDS)
 W_DTYPE = {"float32": 0, "float16": 1, "bfloat16": 2}  # QkNormArgs.w_dtype
 
-WARPS = 8  # per block (256 threads), every QK-norm kernel
+WARPS = loader.tuning("CUPROPE_QKNORM_WARPS")  # per block, every QK-norm kernel (kQkWarps)
 THREADS = 32 * WARPS
 # The flat entries keep the struct in static shared memory beside the bodies'
 # dynamic shared memory; both launchers budget for it, so that they choose the
@@ -80,7 +80,7 @@ class Geometry:
                                               self.backward)
 
 
-DW_PAD = 4  # floats after each dw row (kernels/qknorm.cuh kDwPad: no bank conflicts)
+DW_PAD = loader.tuning("CUPROPE_QKNORM_DW_PAD")  # floats after each dw row (kernels kDwPad)
 
 
 def fast_rows_bytes(npairs, vec, part_cols):
