@@ -24,8 +24,8 @@ HAS_JAX = _has("jax")
 GPU_TESTS = [
     pytest.mark.gpu,
     pytest.mark.skipif(not HAS_GPU, reason="no CUDA GPU visible (CuPy absent or no device)"),
-    pytest.mark.skipif(not HAS_TORCH,
-                       reason="needs torch (the GPU tests build their tensors with it): pip install torch"),
+    pytest.mark.skipif(not HAS_TORCH, reason="needs torch (the GPU tests build their tensors "
+                                              "with it): pip install torch"),
 ]
 
 

@@ -75,8 +75,9 @@ def test_readme_has_no_internal_references():
     assert not bad, f"README.md points at things a reader cannot follow: {bad}"
 
 
-@pytest.mark.parametrize("line, tags, source", BLOCKS,
-                         ids=[f"line{ln}" for ln, _, _ in BLOCKS])
+@pytest.mark.parametrize("line, tags, source", [
+    pytest.param(ln, tags, src, id=f"line{ln}", marks=[pytest.mark.gpu] if "gpu" in tags else [])
+    for ln, tags, src in BLOCKS])
 def test_readme_block_runs_as_pasted(line, tags, source, tmp_path):
     if "gpu" in tags and not cuprope.gpu_available():
         pytest.skip("README block marked gpu: no CUDA GPU visible (CuPy absent or no device)")
