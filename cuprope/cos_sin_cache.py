@@ -194,7 +194,8 @@ def build_cos_sin_cache(config, max_position: int, *, dtype=None, device=None, l
     Values. Angles are formed in float64 (p·θ_j rounded once). A float32 cache
     on a GPU is built there by the kernels' own cos/sin function (the table
     ``RopeConfig.cache_angles`` builds), so its values are the bits
-    ``rope_forward`` rotates with, within 1e-7·scale of the exact values;
+    ``rope_forward`` rotates with: fp32 cos/sin within 1e-7, times the scale
+    in fp32 (within 2.5e-7·scale of the exact values);
     every other cache (a host one, or 16-bit) is NumPy's float64 cos/sin times
     scale, correctly rounded once to the dtype, then moved to the device.
     """
