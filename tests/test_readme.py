@@ -95,3 +95,14 @@ def test_readme_block_runs_as_pasted(line, tags, source, tmp_path):
     assert proc.returncode == 0, (
         f"README.md:{line}: the block failed (exit {proc.returncode}):\n{source}\n"
         f"--- stderr ---\n{proc.stderr[-4000:]}")
+
+
+def test_ci_runs_the_readme_install_commands_verbatim():
+    text = README.read_text()
+    bash = [m.group(2) for m in _FENCE.finditer(text) if m.group(1).strip() == "bash"]
+    assert bash, "README.md has no ```bash install block"
+    commands = [ln.strip() for ln in bash[0].splitlines() if ln.strip()]
+    assert commands == ['python -m pip install ".[cuda13]" && python -m cuprope check',
+                        'python -m pip install ".[test]" && pytest tests -q']
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert commands[0] in ci and commands[1] in ci, ".ci/run no longer runs the README's commands"
