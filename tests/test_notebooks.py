@@ -98,8 +98,13 @@ def test_framework_imports_are_found():
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
-def test_notebook_runs_without_cell_errors(path):
+def test_notebook_runs_without_cell_errors(path, monkeypatch):
     _require_modules()
+    # the kernel runs in notebooks/: a relative PYTHONPATH entry (PYTHONPATH=.) must
+    # still name the directory it named here
+    if os.environ.get("PYTHONPATH"):
+        monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
+            os.path.abspath(e) for e in os.environ["PYTHONPATH"].split(os.pathsep) if e))
     import nbformat
     from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionError
