@@ -24,7 +24,8 @@ HAS_JAX = _has("jax")
 GPU_TESTS = [
     pytest.mark.gpu,
     pytest.mark.skipif(not HAS_GPU, reason="no CUDA GPU visible (CuPy absent or no device)"),
-    pytest.mark.skipif(not HAS_TORCH, reason="torch is needed to build the GPU test tensors"),
+    pytest.mark.skipif(not HAS_TORCH, reason="needs torch (the GPU tests build their tensors "
+                                              "with it): pip install torch"),
 ]
 
 

@@ -32,7 +32,7 @@ def test_overlaps_is_exact_for_interleaved_views():
 
 
 def test_torch_tensors_are_read_directly_and_detached():
-    torch = pytest.importorskip("torch")
+    torch = pytest.importorskip("torch", reason="needs torch: pip install torch")
     t = torch.zeros(3, 4, dtype=torch.bfloat16, requires_grad=True)
     info = describe(t, "q")
     assert info.kind == "torch" and info.dtype == "bfloat16" and info.device == -1
@@ -43,7 +43,7 @@ def test_torch_tensors_are_read_directly_and_detached():
 
 
 def test_jax_host_arrays_come_back_as_jax():
-    jax = pytest.importorskip("jax")
+    jax = pytest.importorskip("jax", reason="needs jax: pip install jax")
     x = jax.device_put(np.arange(6, dtype=np.float32).reshape(2, 3), jax.devices("cpu")[0])
     info = describe(x, "x")
     assert info.kind == "jax" and info.device == -1 and info.dtype == "float32"

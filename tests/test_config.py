@@ -19,7 +19,7 @@ def test_default_table_is_the_seed_formula_in_float64_and_read_only():
 
 
 def test_inv_freq_from_lists_and_torch_is_held_as_float64_copies():
-    torch = pytest.importorskip("torch")
+    torch = pytest.importorskip("torch", reason="needs torch: pip install torch")
     src = np.linspace(1.0, 0.01, 8).astype(np.float32)
     for given in (src.tolist(), torch.from_numpy(src), src):
         cfg = cuprope.RopeConfig(16, inv_freq=given)

@@ -147,12 +147,14 @@ def _other_frameworks():
         import torch
         kinds.append(pytest.param(lambda a: torch.from_numpy(a), id="torch"))
     except Exception:
-        pass
+        kinds.append(pytest.param(None, id="torch", marks=pytest.mark.skip(
+            reason="needs torch: pip install torch")))
     try:
         import jax.numpy as jnp
         kinds.append(pytest.param(lambda a: jnp.asarray(a), id="jax"))
     except Exception:
-        pass
+        kinds.append(pytest.param(None, id="jax", marks=pytest.mark.skip(
+            reason="needs jax: pip install jax")))
     return kinds
 
 

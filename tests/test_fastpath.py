@@ -10,7 +10,7 @@ import pytest
 
 from cuprope._core import args, driver, fastpath, kvlaunch, launch
 
-torch = pytest.importorskip("torch")
+torch = pytest.importorskip("torch", reason="needs torch: pip install torch")
 
 
 def collect(arrays, header=("h",), min_device=-1):

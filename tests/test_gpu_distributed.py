@@ -9,7 +9,7 @@ import os
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
+torch = pytest.importorskip("torch", reason="needs torch: pip install torch")
 import cuprope  # noqa: E402
 
 pytestmark = [

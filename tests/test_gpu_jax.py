@@ -10,7 +10,7 @@ import pytest
 
 from conftest import HAS_GPU
 
-jax = pytest.importorskip("jax")
+jax = pytest.importorskip("jax", reason="needs jax: pip install jax")
 import jax.numpy as jnp  # noqa: E402
 
 import cuprope  # noqa: E402

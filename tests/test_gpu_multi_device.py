@@ -15,7 +15,7 @@ import pytest
 
 from conftest import GPU_TESTS, HAS_TORCH
 
-torch = pytest.importorskip("torch")
+torch = pytest.importorskip("torch", reason="needs torch: pip install torch")
 import cuprope  # noqa: E402
 import cuprope.torch as ctorch  # noqa: E402
 from cuprope import ggml, kvcache, lrpe, qknorm, tables  # noqa: E402

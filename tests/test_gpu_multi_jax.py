@@ -21,7 +21,7 @@ import pytest
 
 from conftest import HAS_GPU
 
-jax = pytest.importorskip("jax")
+jax = pytest.importorskip("jax", reason="needs jax: pip install jax")
 import jax.numpy as jnp  # noqa: E402
 from jax.sharding import Mesh, NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402

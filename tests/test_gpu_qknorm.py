@@ -29,7 +29,7 @@ from oracle import assert_matches
 
 pytestmark = GPU_TESTS
 
-torch = pytest.importorskip("torch")
+torch = pytest.importorskip("torch", reason="needs torch: pip install torch")
 
 DTYPES = ["bfloat16", "float16", "float32"]
 

@@ -329,7 +329,7 @@ def test_cupy_arrays_in_cupy_out(dtype, rng):
     assert_matches(cupy.asnumpy(y).astype(np.float64), ref, np.abs(xh.astype(np.float64)).max(), dtype)
 
 
-@pytest.mark.skipif(not HAS_JAX, reason="jax not installed")
+@pytest.mark.skipif(not HAS_JAX, reason="needs jax: pip install jax")
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_jax_arrays_in_jax_out(dtype, rng):
     import jax

@@ -103,7 +103,7 @@ def test_llama4_nope_layers_from_the_published_default():
 
 
 def test_llama4_nope_and_layer_types_match_transformers():
-    pytest.importorskip("torch", reason="torch (CPU) is a test-only dependency, not installed")
+    pytest.importorskip("torch", reason="needs torch: pip install torch")
     tr = pytest.importorskip("transformers", reason="transformers is a test-only dependency")
     from transformers.models.llama4.modeling_llama4 import Llama4TextAttention
     small = {"model_type": "llama4_text", "hidden_size": 64, "num_attention_heads": 4,

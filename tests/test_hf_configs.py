@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch", reason="torch (CPU) is a test-only dependency, not installed")
+torch = pytest.importorskip("torch", reason="needs torch: pip install torch")
 transformers = pytest.importorskip(
     "transformers", reason="transformers is a test-only dependency (pip install .[test])")
 

@@ -4,7 +4,7 @@ visible (tests/test_gpu_jax.py holds the GPU-only checks)."""
 import numpy as np
 import pytest
 
-jax = pytest.importorskip("jax")
+jax = pytest.importorskip("jax", reason="needs jax: pip install jax")
 import jax.numpy as jnp  # noqa: E402
 
 import cuprope  # noqa: E402

@@ -265,7 +265,7 @@ def test_partial_rotary_out_of_place_copies_the_rest(rng):
 
 
 def test_torch_cpu_tensors_and_fp8_reader(rng):
-    torch = pytest.importorskip("torch")
+    torch = pytest.importorskip("torch", reason="needs torch: pip install torch")
     t, hk, d = 6, 2, 16
     g = torch.Generator().manual_seed(int(rng.integers(2 ** 31)))
     q, k, v = (torch.randn(t, h, d, generator=g).to(torch.bfloat16) for h in (4, hk, hk))
@@ -392,7 +392,7 @@ def test_rotary_embedding_matches_the_spec(rng, dtype, neox, cache_dtype):
 
 
 def test_rotary_embedding_errors_and_torch_entry(rng):
-    torch = pytest.importorskip("torch")
+    torch = pytest.importorskip("torch", reason="needs torch: pip install torch")
     import cuprope.torch as ctorch
     q = torch.randn(4, 64, dtype=torch.float16)
     table = torch.randn(10, 32)
@@ -429,7 +429,7 @@ def test_vector_width_and_pass_through_packs():
 def test_rotary_embedding_custom_op_and_compile(rng):
     """cuprope::rotary_embedding passes torch's op checks (mutating query and
     key) and torch.compile traces through it with the eager result."""
-    torch = pytest.importorskip("torch")
+    torch = pytest.importorskip("torch", reason="needs torch: pip install torch")
     import cuprope.torch as ctorch
     table = torch.randn(64, 16)
     args = (torch.tensor([3, 9, 63]), torch.randn(3, 2 * 32), torch.randn(3, 1, 32), 32, table, True)

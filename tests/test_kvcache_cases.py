@@ -7,7 +7,7 @@ here before it reaches a GPU. The GPU run adds what only it can show: the
 kernel's bytes."""
 import pytest
 
-pytest.importorskip("torch")
+pytest.importorskip("torch", reason="needs torch: pip install torch")
 pytest.importorskip("ml_dtypes")
 
 import test_gpu_kvcache as g  # noqa: E402

@@ -127,7 +127,7 @@ def test_theta_shapes_read_as_documented(rng):
     assert np.array_equal(lrpe.normalize_theta([[0.5]], H, D), np.full((1, P), 0.5))
     assert np.array_equal(lrpe.normalize_theta([0.5], 1, D), np.full((1, P), 0.5))  # H = 1
     # accepted from other frameworks and as integers
-    torch = pytest.importorskip("torch")
+    torch = pytest.importorskip("torch", reason="needs torch: pip install torch")
     assert np.array_equal(lrpe.normalize_theta(torch.tensor(t), H, D), t)
     assert lrpe.normalize_theta(np.array([1, 2]), H, D).dtype == np.float64
 
@@ -206,7 +206,7 @@ def torch_forward(torch, x, theta2, offset, act, dim):
 @pytest.mark.parametrize("theta_shape", THETA_SHAPES, ids=str)
 @pytest.mark.parametrize("act,dim", ACT_DIMS, ids=ACT_IDS)
 def test_backward_reference_matches_torch_autograd(act, dim, theta_shape, rng):
-    torch = pytest.importorskip("torch")
+    torch = pytest.importorskip("torch", reason="needs torch: pip install torch")
     x = randn(rng, (B, N, H, D))
     do = randn(rng, (B, N, H, D))
     th2 = lrpe.normalize_theta(theta_of(theta_shape, rng), H, D)
@@ -294,7 +294,7 @@ def test_out_and_in_place_on_the_host(rng):
 
 
 def test_torch_cpu_tensors_in_torch_out(rng):
-    torch = pytest.importorskip("torch")
+    torch = pytest.importorskip("torch", reason="needs torch: pip install torch")
     x = torch.tensor(randn(rng, (B, N, D)), dtype=torch.bfloat16, requires_grad=True)
     do = torch.tensor(randn(rng, (B, N, D)), dtype=torch.bfloat16)
     y = lrpe.rotate_1d_forward(x, [0.3, 0.2], act="relu")
@@ -398,7 +398,7 @@ def test_x_and_do_must_agree(x):
         lrpe.rotate_1d_backward(x, x[:, :-1], np.ones(P), act="relu")
     with pytest.raises(TypeError, match=r"x and do must share a dtype"):
         lrpe.rotate_1d_backward(x, x.astype(np.float16), np.ones(P), act="relu")
-    torch = pytest.importorskip("torch")
+    torch = pytest.importorskip("torch", reason="needs torch: pip install torch")
     with pytest.raises(TypeError, match=r"x and do must come from the same framework"):
         lrpe.rotate_1d_backward(x, torch.from_numpy(x), np.ones(P), act="relu")
 
@@ -415,7 +415,7 @@ def test_bad_out_is_rejected(x):
     wide = np.zeros((B, N, H, D + 1), np.float32)
     with pytest.raises(ValueError, match=r"out overlaps an input without being exactly that input"):
         lrpe.rotate_1d_forward(wide[..., :D], np.ones(P), out=wide[..., 1:])
-    torch = pytest.importorskip("torch")
+    torch = pytest.importorskip("torch", reason="needs torch: pip install torch")
     with pytest.raises(TypeError, match=r"out must be a numpy array like its input"):
         lrpe.rotate_1d_forward(x, np.ones(P), out=torch.empty(x.shape))
 

@@ -2,12 +2,15 @@
 
 Cells tagged "gpu" (cell metadata ``tags``) are removed before execution when no
 CUDA GPU is visible. Needs nbformat, nbclient, ipykernel (and what the notebooks
-import, e.g. matplotlib); without them the tests skip, unless
-CUPROPE_REQUIRE_NOTEBOOKS=1 is set (CI), in which case they fail.
+import, e.g. matplotlib); a notebook whose cells import torch or jax needs those
+too. Without them the tests skip with a reason naming the install, unless
+CUPROPE_REQUIRE_NOTEBOOKS=1 is set (CI's second stage, where torch and jax are
+installed), in which case they fail.
 """
 import importlib
 import os
 import pathlib
+import re
 
 import pytest
 
@@ -17,21 +20,47 @@ NOTEBOOK_DIR = pathlib.Path(__file__).resolve().parent.parent / "notebooks"
 NOTEBOOKS = sorted(NOTEBOOK_DIR.glob("*.ipynb"))
 REQUIRED_MODULES = ("nbformat", "nbclient", "ipykernel", "matplotlib")
 TIMEOUT_S = 300
+# The frameworks a notebook may import, and how to get them.
+FRAMEWORKS = {"torch": "pip install torch", "jax": "pip install jax"}
+_IMPORT = re.compile(r"^\s*(?:import|from)\s+(?:cuprope\s+import\s+)?(torch|jax)\b", re.M)
+
+
+def _importable(mod):
+    try:
+        importlib.import_module(mod)
+        return True
+    except Exception:  # ImportError or a broken install
+        return False
+
+
+def _skip_or_fail(msg):
+    if os.environ.get("CUPROPE_REQUIRE_NOTEBOOKS") == "1":
+        pytest.fail(msg + "; CUPROPE_REQUIRE_NOTEBOOKS=1 is set", pytrace=False)
+    pytest.skip(msg)
 
 
 def _require_modules():
-    missing = []
-    for mod in REQUIRED_MODULES:
-        try:
-            importlib.import_module(mod)
-        except Exception:  # ImportError or a broken install
-            missing.append(mod)
+    missing = [mod for mod in REQUIRED_MODULES if not _importable(mod)]
     if missing:
-        msg = (f"notebook tests need {', '.join(missing)} "
-               f"(pip install nbformat nbclient ipykernel matplotlib)")
-        if os.environ.get("CUPROPE_REQUIRE_NOTEBOOKS") == "1":
-            pytest.fail(msg + "; CUPROPE_REQUIRE_NOTEBOOKS=1 is set", pytrace=False)
-        pytest.skip(msg)
+        _skip_or_fail(f"notebook tests need {', '.join(missing)} "
+                      f"(pip install nbformat nbclient ipykernel matplotlib)")
+
+
+def frameworks_used(nb):
+    """The frameworks of FRAMEWORKS that the notebook's code cells import
+    (``import torch``, ``from jax import ...``, ``from cuprope import torch``)."""
+    found = set()
+    for c in nb.cells:
+        if c.cell_type == "code":
+            found.update(_IMPORT.findall(c.source))
+    return sorted(found)
+
+
+def _require_frameworks(nb, name):
+    missing = [f for f in frameworks_used(nb) if not _importable(f)]
+    if missing:
+        _skip_or_fail(f"{name} needs {' and '.join(missing)}: "
+                      + "; ".join(FRAMEWORKS[f] for f in missing))
 
 
 def _drop_gpu_cells(nb):
@@ -57,9 +86,25 @@ def test_gpu_tagged_cells_are_dropped_and_untagged_kept():
     assert [c.source for c in nb.cells] == ["a = 1", "b = 2"]
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
-def test_notebook_runs_without_cell_errors(path):
+def test_framework_imports_are_found():
     _require_modules()
+    import nbformat.v4 as v4
+    nb = v4.new_notebook(cells=[v4.new_code_cell("import numpy\nimport torch.nn as nn"),
+                                v4.new_markdown_cell("import jax"),
+                                v4.new_code_cell("x = 1\n  from cuprope import jax as cjax"),
+                                v4.new_code_cell("import torchvision  # not torch")])
+    assert frameworks_used(nb) == ["jax", "torch"]
+    assert frameworks_used(v4.new_notebook(cells=[v4.new_code_cell("import cupy")])) == []
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
+def test_notebook_runs_without_cell_errors(path, monkeypatch):
+    _require_modules()
+    # the kernel runs in notebooks/: a relative PYTHONPATH entry (PYTHONPATH=.) must
+    # still name the directory it named here
+    if os.environ.get("PYTHONPATH"):
+        monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
+            os.path.abspath(e) for e in os.environ["PYTHONPATH"].split(os.pathsep) if e))
     import nbformat
     from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionError
@@ -67,6 +112,7 @@ def test_notebook_runs_without_cell_errors(path):
     nb = nbformat.read(path, as_version=4)
     if not cuprope.gpu_available():
         _drop_gpu_cells(nb)
+    _require_frameworks(nb, path.name)
     client = NotebookClient(nb, timeout=TIMEOUT_S, kernel_name="python3",
                             allow_errors=False,
                             resources={"metadata": {"path": str(path.parent)}})

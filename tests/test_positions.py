@@ -39,7 +39,7 @@ def test_context_parallel_positions_match_chunk_assignment(cp, rank):
 
 
 def test_helpers_follow_the_framework_of_their_input():
-    torch = pytest.importorskip("torch")
+    torch = pytest.importorskip("torch", reason="needs torch: pip install torch")
     cu = torch.tensor([0, 3, 8], dtype=torch.int32)
     got = packed_positions(cu, 8)
     assert isinstance(got, torch.Tensor) and got.dtype == torch.int32

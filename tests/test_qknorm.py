@@ -12,7 +12,7 @@ from cuprope import qknorm_reference as qref
 from cuprope import reference, scaling
 from oracle import assert_matches
 
-torch = pytest.importorskip("torch")
+torch = pytest.importorskip("torch", reason="needs torch: pip install torch")
 
 
 def torch_qknorm(x, angles, rotary_dim, interleaved, scale, w, offset, eps, over, order):

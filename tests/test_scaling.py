@@ -662,7 +662,7 @@ def test_scale_multiplies_forward_and_backward(name, conf, rng):
 # --------------------------------------------------------------------------- HF itself, when installed
 
 def test_against_installed_transformers():
-    pytest.importorskip("torch")
+    pytest.importorskip("torch", reason="needs torch: pip install torch")
     tr = pytest.importorskip("transformers")
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
     cases = [(tr.LlamaConfig, LLAMA31_8B, None), (tr.Qwen2Config, QWEN25_7B_YARN, None),

@@ -7,7 +7,7 @@ transformers is installed."""
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
+torch = pytest.importorskip("torch", reason="needs torch: pip install torch")
 import cuprope  # noqa: E402
 from cuprope import reference, tables  # noqa: E402
 from cuprope import torch as ctorch  # noqa: E402

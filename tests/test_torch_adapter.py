@@ -5,7 +5,7 @@ there."""
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
+torch = pytest.importorskip("torch", reason="needs torch: pip install torch")
 import cuprope  # noqa: E402
 from cuprope import torch as ctorch  # noqa: E402
 
