@@ -148,3 +148,12 @@ def no_adapter(name, tensors, targets, kind, core, instead):
     """A front end with no ``cuprope.torch`` adapter (LRPE, ggml's wrapper):
     TypeError under autograd, a graph break under torch.compile."""
     return call(name, tensors, targets, kind, core, None, instead)
+
+
+def untraceable(core):
+    """``core()`` (a front end that reads pointers before it reaches the core
+    functions, such as ``cuprope.ggml.rope``): a graph break under
+    torch.compile, else the call itself (whose core calls route as usual)."""
+    if torch.compiler.is_compiling():
+        return torch.compiler.disable(core)()
+    return core()
