@@ -25,8 +25,6 @@ JAX arrays answer False at the first read. Everything else lives in
 """
 from __future__ import annotations
 
-_tracing = None  # torch.compiler.is_dynamo_compiling, bound at the first torch tensor
-
 
 def engaged(a, b=None, out=None) -> bool:
     """True when a call on ``a`` (and ``b``; ``out`` a tensor, a pair or None)
@@ -35,19 +33,17 @@ def engaged(a, b=None, out=None) -> bool:
     rg = getattr(a, "requires_grad", None)
     if rg is None:
         return False  # not a torch tensor
-    if rg or getattr(b, "requires_grad", False) or out is not None:
+    if rg or out is not None or getattr(b, "requires_grad", False):
         return True
-    return (_tracing or _bind())()
+    return _tracing()
 
 
-def _bind():
+def _tracing() -> bool:
+    """Whether dynamo is tracing; the first call rebinds the name to
+    ``torch.compiler.is_dynamo_compiling`` (a torch tensor means torch is
+    imported), which dynamo evaluates as True while it traces."""
     global _tracing
     import torch
     _tracing = torch.compiler.is_dynamo_compiling
-    return _tracing
+    return _tracing()
 
-
-def route():
-    """The routing module (``cuprope.torch_route``; imports torch)."""
-    from . import torch_route
-    return torch_route
