@@ -35,10 +35,10 @@ Under ``torch.no_grad()`` / ``inference_mode`` nothing changes.
 """
 from __future__ import annotations
 
-from .torch_guard import engaged
 from ._core.engine import rope_call
 from ._core.validate import pair
 from .config import RopeConfig
+from .torch_guard import engaged
 
 __all__ = ["rope_forward", "rope_backward", "rope_qk_forward", "rope_qk_backward"]
 

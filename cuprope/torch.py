@@ -27,6 +27,12 @@ module is imported only by users who want it.
 
 Tensors on the CPU run the NumPy backend (float64 reference), which is how the
 adapter's tests run without a GPU.
+
+The core functions (``cuprope.rope_qk_forward`` and the others) come here by
+themselves for torch tensors that require grad (grad mode on) and under
+``torch.compile`` (``cuprope.torch_guard``): ``rotate`` and ``table_rotate``
+below are the entries they use (the forward or, ``inverse=True``, the
+transposed rotation, both differentiable).
 """
 from __future__ import annotations
 

@@ -46,4 +46,3 @@ def _tracing() -> bool:
     import torch
     _tracing = torch.compiler.is_dynamo_compiling
     return _tracing()
-

@@ -92,10 +92,9 @@ def rope(name, xs, config, inverse, positions, offset, seq_offsets, outs, inplac
     def adapter():
         return ctorch.rotate(xs, config, inverse, positions, offset, seq_offsets)
 
-    res = call(name, xs, targets, kind, core, adapter,
-               "cuprope.torch.rope_qk(q, k, config, ...)" if len(xs) == 2
-               else "cuprope.torch.rope(x, config, ...)", stream)
-    return res
+    return call(name, xs, targets, kind, core, adapter,
+                "cuprope.torch.rope_qk(q, k, config, ...)" if len(xs) == 2
+                else "cuprope.torch.rope(x, config, ...)", stream)
 
 
 def tables(name, xs, cos, sin, layout, interleaved, inverse, outs, inplace, stream, core):
@@ -157,3 +156,23 @@ def untraceable(core):
     if torch.compiler.is_compiling():
         return torch.compiler.disable(core)()
     return core()
+
+
+def inference_op(name, tensors, written, core):
+    """An inference op writing ``written`` in place (``cuprope.kvcache``'s
+    append): TypeError under autograd (RuntimeError into a leaf that requires
+    grad), a graph break under torch.compile."""
+    return call(name, tensors, written, "inplace", core, None,
+                "cuprope.torch.rope_qk for training (this is an inference op)")
+
+
+def cos_sin_rotation(positions, query, key, head_size, cos_sin_cache, is_neox, stream, core):
+    """``cuprope.cos_sin_cache.rotary_embedding`` (in place, an inference op):
+    under torch.compile, without autograd, the custom op
+    ``cuprope::rotary_embedding``; otherwise as ``inference_op``."""
+    written = (query,) if key is None else (query, key)
+    grad = torch.is_grad_enabled() and any(_requires_grad(t) for t in written)
+    if torch.compiler.is_compiling() and stream is None and not grad:
+        ctorch.rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox)
+        return query, key
+    return inference_op("rotary_embedding", written, written, core)

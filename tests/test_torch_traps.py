@@ -340,3 +340,69 @@ def test_compile_without_a_custom_op_is_a_clean_graph_break(rng):
     assert torch.equal(torch.compile(f, backend="eager")(x), want)
     with pytest.raises(Exception, match=r"(?i)disable|skip"):
         _compiled(f, "eager")(x)
+
+
+# ---------------------------------------------------------------- the inference ops (in place)
+
+
+def _kv_args(rng, grad_q=False):
+    q = randn(rng, 3, 2, 16, grad=grad_q)
+    k, v = randn(rng, 3, 1, 16), randn(rng, 3, 1, 16)
+    kc, vc = torch.zeros(2, 4, 1, 16), torch.zeros(2, 4, 1, 16)
+    pos = torch.tensor([5, 6, 7])
+    slots = torch.tensor([1, 2, 6])
+    return q, k, v, pos, dict(k_cache=kc, v_cache=vc, slot_mapping=slots)
+
+
+def test_kv_append_on_tensors_that_require_grad_raises(rng):
+    from cuprope import kvcache
+    cfg = cfg16()
+    q, k, v, pos, kw = _kv_args(rng, grad_q=True)
+    before = q.detach().clone()
+    with pytest.raises(RuntimeError, match=LEAF):
+        kvcache.rope_append_kv(q, k, v, cfg, pos, **kw)
+    assert torch.equal(q.detach(), before) and not kw["k_cache"].any()
+    with pytest.raises(TypeError, match=r"rope_append_kv\(\) is not differentiable"):
+        kvcache.rope_append_kv(q * 1, k, v, cfg, pos, **kw)
+    with torch.no_grad():
+        kvcache.rope_append_kv(q, k, v, cfg, pos, **kw)
+    assert torch.equal(q.detach(), cuprope.rope_forward(before[None], cfg, positions=pos[None])[0])
+
+
+def test_kv_append_under_compile_is_a_graph_break(rng):
+    from cuprope import kvcache
+    cfg = cfg16()
+    q, k, v, pos, kw = _kv_args(rng)
+
+    def f(q):
+        q = q.clone()
+        kvcache.rope_append_kv(q, k, v, cfg, pos, **kw)
+        return q * 2
+
+    want = f(q)
+    kw["k_cache"].zero_()
+    torch._dynamo.reset()
+    assert torch.equal(torch.compile(f, backend="eager")(q), want)
+    assert kw["k_cache"].any()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_cos_sin_cache_rotation_compiles_fullgraph(backend, rng):
+    from cuprope import cos_sin_cache as csc
+    cfg = cfg16()
+    ang = np.arange(64)[:, None] * np.asarray(cfg.inv_freq)[None]
+    table = torch.from_numpy(np.concatenate([np.cos(ang), np.sin(ang)], -1)).float()
+    q, k = randn(rng, 5, 3, 16), randn(rng, 5, 1, 16)
+    pos = torch.tensor([3, 9, 1, 40, 7])
+
+    def f(q, k):
+        q, k = q.clone(), k.clone()
+        csc.rotary_embedding(pos, q, k, 16, table, True)
+        return q, k
+
+    want = f(q, k)
+    got = _compiled(f, backend)(q, k)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    leaf = q.clone().requires_grad_()
+    with pytest.raises(RuntimeError, match=LEAF):
+        csc.rotary_embedding(pos, leaf, None, 16, table, True)
