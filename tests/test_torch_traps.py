@@ -193,6 +193,15 @@ def test_ggml_rope_is_differentiable(rng):
                                                  forward=False))
 
 
+def test_rope_qk_function_apply_keeps_its_six_argument_form(rng):
+    cfg = cfg16()
+    q, k = randn(rng, 1, 4, 2, 16, grad=True), randn(rng, 1, 4, 1, 16, grad=True)
+    a, b = ctorch.RopeQKFunction.apply(q, k, cfg, None, 3, None)
+    (a.sum() + b.sum()).backward()
+    gq, gk = cuprope.rope_qk_backward(torch.ones_like(q), torch.ones_like(k), cfg, offset=3)
+    assert torch.equal(q.grad, gq) and torch.equal(k.grad, gk)
+
+
 # ---------------------------------------------------------------- 2. in place on a leaf
 
 
