@@ -149,7 +149,7 @@ def rope_append_kv(q, k, v, config, positions, *, k_cache=None, v_cache=None, kv
     args = (q, k, v, config, positions, k_cache, v_cache, kv_cache, kv_layout, slot_mapping,
             kv_indices, kv_indptr, batch_indices, cache_positions, kv_last_page_len, q_out,
             q_scale, k_scale, v_scale, check, stream)
-    if engaged(q, k, q_out) or engaged(v):
+    if engaged(q, k, q_out) or getattr(v, "requires_grad", False):
         from .torch_route import inference_op
         written = (q if q_out is None else q_out, k_cache, v_cache, kv_cache)
         return inference_op("rope_append_kv", (q, k, v),

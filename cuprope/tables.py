@@ -77,7 +77,8 @@ def rope_qk_table_backward(grad_q, grad_k, cos, sin, *, layout: str = "bshd",
 
 def _guarded(name, xs, names, cos, sin, layout, interleaved, inverse, outs, inplace, stream):
     """The call, through cuprope.torch_route when torch_guard.engaged says so."""
-    if engaged(xs[0], xs[-1], outs) or engaged(cos, sin):
+    if (engaged(xs[0], xs[-1], outs) or getattr(cos, "requires_grad", False)
+            or getattr(sin, "requires_grad", False)):
         from .torch_route import tables
 
         def core():
