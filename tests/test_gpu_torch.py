@@ -8,6 +8,7 @@ import pytest
 
 import cuprope
 from conftest import GPU_TESTS
+from cuprope import qknorm
 
 pytestmark = GPU_TESTS
 
@@ -64,7 +65,7 @@ def test_compile_fullgraph_inductor_of_core_calls_does_not_sync(dtype, rng):
     def f(q, k, pos):
         a, b = cuprope.rope_qk_forward(q, k, cfg, positions=pos)
         c = cuprope.rope_forward(q * 2, cfg, positions=pos)
-        d, e = cuprope.qknorm.rope_qk_norm_forward(q, k, cfg, q_weight=wq, positions=pos)
+        d, e = qknorm.rope_qk_norm_forward(q, k, cfg, q_weight=wq, positions=pos)
         return a + 1, b, c, d, e
 
     want = f(q, k, pos)
