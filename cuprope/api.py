@@ -18,12 +18,27 @@ of a sequence sits at ``offset + seq_offsets[b] + s``; with them at
 positions are not read back to check). dtypes: float32, float16,
 bfloat16 (math in fp32, angles in float64). Any stride for batch, sequence and
 head dims; the last dim must be contiguous.
+
+PyTorch (``cuprope.torch_guard``): with grad mode on, tensors that require
+grad go through the differentiable adapter (``rope_forward`` /
+``rope_backward`` -> ``cuprope.torch.rope``, ``rope_qk_forward`` /
+``rope_qk_backward`` -> ``cuprope.torch.rope_qk``; the backward functions
+rotate by the transpose, and their own gradient is the forward rotation), so
+the result requires grad. ``inplace=True`` then writes the differentiable
+result back (``x.copy_``), except into a leaf that requires grad (or a view
+of one): RuntimeError, as torch's in-place ops. ``out=`` or ``stream=`` with
+a tensor that requires grad is a TypeError naming the adapter (torch's out=
+ops are not differentiable either). Under ``torch.compile`` every call
+becomes the custom op ``cuprope::rope`` / ``cuprope::rope_qk``
+(``fullgraph=True`` traces through; ``stream=`` is a graph break).
+Under ``torch.no_grad()`` / ``inference_mode`` nothing changes.
 """
 from __future__ import annotations
 
 from ._core.engine import rope_call
 from ._core.validate import pair
 from .config import RopeConfig
+from .torch_guard import engaged
 
 __all__ = ["rope_forward", "rope_backward", "rope_qk_forward", "rope_qk_backward"]
 
@@ -31,17 +46,27 @@ __all__ = ["rope_forward", "rope_backward", "rope_qk_forward", "rope_qk_backward
 def rope_forward(x, config: RopeConfig, *, positions=None, offset: int = 0, seq_offsets=None,
                  out=None, inplace: bool = False, stream=None):
     """Rotate ``x`` by its positions. Returns the rotated array (``x`` itself
-    when ``inplace``; ``out`` when given). See the module docstring for shapes."""
-    return rope_call((x,), ("x",), config, False, positions, offset, seq_offsets,
-                     None if out is None else (out,), inplace, stream)[0]
+    when ``inplace``; ``out`` when given). See the module docstring for shapes.
+    Torch tensors that require grad: ``cuprope.torch.rope`` (differentiable)."""
+    outs = None if out is None else (out,)
+    if engaged(x, None, out):
+        return _torch("rope_forward", (x,), ("x",), config, False, positions, offset,
+                      seq_offsets, outs, inplace, stream)[0]
+    return rope_call((x,), ("x",), config, False, positions, offset, seq_offsets, outs,
+                     inplace, stream)[0]
 
 
 def rope_backward(grad_out, config: RopeConfig, *, positions=None, offset: int = 0,
                   seq_offsets=None, out=None, inplace: bool = False, stream=None):
     """Gradient of ``rope_forward`` w.r.t. its input: the transposed rotation
-    (sin → −sin) with the same positions, table and scale."""
+    (sin → −sin) with the same positions, table and scale. Torch tensors that
+    require grad: ``cuprope.torch.rope``'s inverse (differentiable)."""
+    outs = None if out is None else (out,)
+    if engaged(grad_out, None, out):
+        return _torch("rope_backward", (grad_out,), ("grad_out",), config, True, positions,
+                      offset, seq_offsets, outs, inplace, stream)[0]
     return rope_call((grad_out,), ("grad_out",), config, True, positions, offset, seq_offsets,
-                     None if out is None else (out,), inplace, stream)[0]
+                     outs, inplace, stream)[0]
 
 
 def rope_qk_forward(q, k, config: RopeConfig, *, positions=None, offset: int = 0,
@@ -49,13 +74,34 @@ def rope_qk_forward(q, k, config: RopeConfig, *, positions=None, offset: int = 0
     """Rotate q and k in one launch; cos/sin are computed once per (token, pair)
     and shared by every head of both. q and k share B, S (or T), D and dtype;
     their head counts may differ (GQA/MQA). ``out``: a (q_out, k_out) pair.
-    Returns (q_rotated, k_rotated)."""
+    Returns (q_rotated, k_rotated). Torch tensors that require grad:
+    ``cuprope.torch.rope_qk`` (differentiable)."""
+    if engaged(q, k, out):
+        return _torch("rope_qk_forward", (q, k), ("q", "k"), config, False, positions, offset,
+                      seq_offsets, pair(out), inplace, stream)
     return rope_call((q, k), ("q", "k"), config, False, positions, offset, seq_offsets,
                      pair(out), inplace, stream)
 
 
 def rope_qk_backward(grad_q, grad_k, config: RopeConfig, *, positions=None, offset: int = 0,
                      seq_offsets=None, out=None, inplace: bool = False, stream=None):
-    """Gradients of ``rope_qk_forward`` w.r.t. q and k, in one launch."""
+    """Gradients of ``rope_qk_forward`` w.r.t. q and k, in one launch. Torch
+    tensors that require grad: ``cuprope.torch.rope_qk``'s inverse
+    (differentiable)."""
+    if engaged(grad_q, grad_k, out):
+        return _torch("rope_qk_backward", (grad_q, grad_k), ("grad_q", "grad_k"), config, True,
+                      positions, offset, seq_offsets, pair(out), inplace, stream)
     return rope_call((grad_q, grad_k), ("grad_q", "grad_k"), config, True, positions, offset,
                      seq_offsets, pair(out), inplace, stream)
+
+
+def _torch(name, xs, names, config, inverse, positions, offset, seq_offsets, outs, inplace,
+           stream):
+    """A call on torch tensors that torch_guard.engaged sent to cuprope.torch_route."""
+    from .torch_route import rope
+
+    def core():
+        return rope_call(xs, names, config, inverse, positions, offset, seq_offsets, outs,
+                         inplace, stream)
+    return rope(name, xs, config, inverse, positions, offset, seq_offsets, outs, inplace,
+                stream, core)

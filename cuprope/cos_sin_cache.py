@@ -39,6 +39,7 @@ from ._core.loader import KV_COS_SIN_F32, KV_COS_SIN_T
 from .config import RopeConfig
 from .kvcache_arrays import index_info, np_view, to_host
 from .reference import round_to_dtype
+from .torch_guard import engaged
 
 __all__ = ["build_cos_sin_cache", "rotary_embedding"]
 
@@ -69,7 +70,22 @@ def rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox=Tr
 
     A repeated call (check=False, no stream=) whose arrays match a previous
     validated call's in dtype, shape, strides, device and alignment reuses
-    its packed launch (cuprope/_core/fastpath.py)."""
+    its packed launch (cuprope/_core/fastpath.py).
+
+    Torch tensors (``cuprope.torch_guard``): an inference op, not
+    differentiable. With grad mode on, query or key requiring grad is a
+    TypeError (a leaf: RuntimeError, as torch's in-place ops); under
+    ``torch.compile`` the call is the custom op ``cuprope::rotary_embedding``
+    (``cuprope.torch.rotary_embedding``)."""
+    if engaged(query, key):
+        from .torch_route import cos_sin_rotation
+        return cos_sin_rotation(positions, query, key, head_size, cos_sin_cache, is_neox, stream,
+                                lambda: _rotate(positions, query, key, head_size, cos_sin_cache,
+                                                is_neox, check, stream))
+    return _rotate(positions, query, key, head_size, cos_sin_cache, is_neox, check, stream)
+
+
+def _rotate(positions, query, key, head_size, cos_sin_cache, is_neox, check, stream):
     arrays = (positions, query, key, cos_sin_cache)
     fast = not check and stream is None and type(head_size) is int and type(is_neox) is bool
     if fast:

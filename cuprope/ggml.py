@@ -54,6 +54,7 @@ from ._core.cache import ConfigCache
 from ._core.checks import as_float, as_int
 from .api import rope_backward, rope_forward
 from .config import RopeConfig, host_array
+from .torch_guard import engaged
 
 __all__ = ["NORMAL", "NEOX", "MROPE", "VISION", "IMROPE", "MODES", "rope", "rope_config",
            "yarn_corr_dims", "pair_streams"]
@@ -265,7 +266,22 @@ def rope(src0, pos, freq_factors=None, *, n_dims: int, mode: int, n_ctx_orig: in
     float64 reference). ``pos``: int32 ``[S]``, or ``[4·S]`` for mrope, vision
     and imrope, on the same device. ``out``/``inplace``/``stream`` as in
     :func:`cuprope.rope_forward`. Returns the rotated array (dims the op does not
-    rotate are copied unchanged)."""
+    rotate are copied unchanged). Torch tensors: as ``cuprope.rope_forward`` /
+    ``rope_backward`` (differentiable with grad mode on), but under
+    ``torch.compile`` a graph break (it runs eagerly)."""
+    if engaged(src0, None, out):
+        from .torch_route import untraceable
+        return untraceable(lambda: _rope(src0, pos, freq_factors, n_dims, mode, n_ctx_orig,
+                                         freq_base, freq_scale, ext_factor, attn_factor,
+                                         beta_fast, beta_slow, sections, forward, out, inplace,
+                                         stream))
+    return _rope(src0, pos, freq_factors, n_dims, mode, n_ctx_orig, freq_base, freq_scale,
+                 ext_factor, attn_factor, beta_fast, beta_slow, sections, forward, out, inplace,
+                 stream)
+
+
+def _rope(src0, pos, freq_factors, n_dims, mode, n_ctx_orig, freq_base, freq_scale, ext_factor,
+          attn_factor, beta_fast, beta_slow, sections, forward, out, inplace, stream):
     info = describe(src0, "src0")
     if len(info.shape) not in (3, 4):
         raise ValueError(f"ggml rope: src0 must be [B, S, N, D] or [S, N, D], got shape "

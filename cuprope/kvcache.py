@@ -61,6 +61,7 @@ from ._core.kvlaunch import angle_table, copy_packs, pick_kv_vec, plan_kv
 from ._core.loader import KV_ANGLES, KV_FP8_CACHE, KV_FP8_Q
 from .config import RopeConfig
 from .kvcache_arrays import index_info, np_view, to_host, token_geometry
+from .torch_guard import engaged
 
 __all__ = ["rope_append_kv", "KV_LAYOUTS", "token_geometry", "index_info", "to_host",
            "np_view"]
@@ -153,7 +154,27 @@ def rope_append_kv(q, k, v, config, positions, *, k_cache=None, v_cache=None, kv
 
     A repeated call (check=False, no stream=) whose arrays match a previous
     validated call's in dtype, shape, strides, device and alignment reuses
-    its packed launch (cuprope/_core/fastpath.py)."""
+    its packed launch (cuprope/_core/fastpath.py).
+
+    Torch tensors (``cuprope.torch_guard``): an inference op, not
+    differentiable. With grad mode on, q, k, v or q_out requiring grad is a
+    TypeError (a leaf written in place: RuntimeError, as torch's in-place
+    ops); under ``torch.compile`` the call is a graph break."""
+    args = (q, k, v, config, positions, k_cache, v_cache, kv_cache, kv_layout, slot_mapping,
+            kv_indices, kv_indptr, batch_indices, cache_positions, kv_last_page_len, q_out,
+            q_scale, k_scale, v_scale, check, stream)
+    if engaged(q, k, q_out) or getattr(v, "requires_grad", False):
+        from .torch_route import inference_op
+        written = (q if q_out is None else q_out, k_cache, v_cache, kv_cache)
+        return inference_op("rope_append_kv", (q, k, v),
+                            tuple(t for t in written if t is not None),
+                            lambda: _append(*args))
+    return _append(*args)
+
+
+def _append(q, k, v, config, positions, k_cache, v_cache, kv_cache, kv_layout, slot_mapping,
+            kv_indices, kv_indptr, batch_indices, cache_positions, kv_last_page_len, q_out,
+            q_scale, k_scale, v_scale, check, stream):
     if not isinstance(config, RopeConfig):
         raise TypeError(f"config must be a cuprope.RopeConfig, got {type(config).__name__}")
     arrays = (q, k, v, positions, k_cache, v_cache, kv_cache, slot_mapping, kv_indices, kv_indptr,

@@ -40,6 +40,13 @@ act : ``"none"``, ``"relu"``, ``"sigmoid"``, ``"silu"`` or ``"softmax"``; it
     applies to the whole head vector, pass-through dims included.
 dim : ``None`` or ``-1`` (softmax over the head dim D) or ``1`` (softmax over
     the sequence N). Ignored by the elementwise activations.
+
+PyTorch (``cuprope.torch_guard``): ``cuprope.torch`` has no LRPE adapter, so
+with grad mode on a tensor argument that requires grad (x, do, theta or out)
+is a TypeError (wrap the pair in your own ``torch.autograd.Function``, or call
+under ``torch.no_grad()``), and ``out=`` a leaf that requires grad a
+RuntimeError as torch's in-place ops; under ``torch.compile`` a call is a
+graph break (it runs eagerly).
 """
 from __future__ import annotations
 
@@ -55,6 +62,7 @@ from ._core.layout import canon_sizes, canon_strides
 from ._core.loader import LRPE_ACTS, lrpe_vec_widths
 from .config import RopeConfig, host_array
 from .lrpe_reference import ACTS, activation, backward_reference, forward_reference, rotate
+from .torch_guard import engaged
 
 __all__ = ["rotate_1d_forward", "rotate_1d_backward", "normalize_theta", "activation",
            "rotate", "forward_reference", "backward_reference", "ACTS"]
@@ -118,6 +126,9 @@ def rotate_1d_forward(x, theta, *, offset: int = 0, act: str = "none", dim=None,
     -------
     O, the shape and dtype of ``x``, in the caller's framework (``out`` when given).
     """
+    if engaged(x, theta, out):
+        return _torch("rotate_1d_forward", (x, theta), out,
+                      lambda: _call(False, x, None, theta, offset, act, dim, out))
     return _call(False, x, None, theta, offset, act, dim, out)
 
 
@@ -139,7 +150,19 @@ def rotate_1d_backward(x, do, theta, *, offset: int = 0, act: str = "none", dim=
     -------
     dX, the shape and dtype of ``do``, in the caller's framework.
     """
+    if engaged(do, x, out) or engaged(theta):
+        return _torch("rotate_1d_backward", (x, do, theta), out,
+                      lambda: _call(True, x, do, theta, offset, act, dim, out))
     return _call(True, x, do, theta, offset, act, dim, out)
+
+
+def _torch(name, tensors, out, core):
+    """A call on torch tensors that torch_guard.engaged sent to cuprope.torch_route."""
+    from .torch_route import no_adapter
+    return no_adapter(name, tensors, () if out is None else (out,),
+                      None if out is None else "out", core,
+                      "your own torch.autograd.Function over rotate_1d_forward and "
+                      "rotate_1d_backward (cuprope.torch has no LRPE adapter)")
 
 
 # --------------------------------------------------------------------------- validation

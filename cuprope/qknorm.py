@@ -33,6 +33,16 @@ roundings, so a Qwen3 or Gemma 3 attention block gets HF's q and k bit for bit
 are exact in fp32). The backward is the exact gradient with
 ``rounding="exact"``; in the model modes it is the gradient autograd forms for
 HF's modules, op by op in their dtypes (``qknorm_reference.model_backward``).
+
+PyTorch (``cuprope.torch_guard``), with grad mode on: a forward whose q, k or
+weights require grad goes through ``cuprope.torch.rope_qk_norm``
+(differentiable in q, k and the weights; the result requires grad); cos/sin
+tables that require grad, ``out=`` or ``stream=`` then raise a TypeError
+naming it, and so does the explicit backward on tensors that require grad (it
+has no gradient of its own). In place into a leaf that requires grad:
+RuntimeError. Under ``torch.compile`` the forward is the custom op
+``cuprope::rope_qk_norm`` and the backward ``cuprope::rope_qk_norm_backward``
+(``out=``/``inplace``/``stream=``: a graph break for the backward).
 """
 from __future__ import annotations
 
@@ -47,6 +57,7 @@ from ._core.launch import sm_count
 from ._core.layout import canon_sizes, to_canon
 from ._core.loader import MODULES, QKNORM_DW_KERNEL
 from .config import RopeConfig
+from .torch_guard import engaged
 
 __all__ = ["rope_qk_norm_forward", "rope_qk_norm_backward", "QkNormCall"]
 
@@ -64,6 +75,20 @@ def rope_qk_norm_forward(q, k, config, *, q_weight=None, k_weight=None, eps=1e-6
                          seq_offsets=None, out=None, inplace=False, stream=None):
     """(q_out, k_out): q and k normalised and rotated (module docstring).
     ``out=(q_out, k_out)`` or ``inplace=True`` as in ``rope_qk_forward``."""
+    kw = dict(q_weight=q_weight, k_weight=k_weight, eps=eps, norm=norm,
+              weight_offset=weight_offset, order=order, norm_over=norm_over, rounding=rounding,
+              tables=tables, positions=positions, offset=offset, seq_offsets=seq_offsets)
+    if (engaged(q, k, out) or engaged(q_weight, k_weight)
+            or (isinstance(tables, (tuple, list)) and len(tables) == 2 and engaged(*tables))):
+        from .torch_route import qknorm_forward
+        return qknorm_forward("rope_qk_norm_forward", q, k, config, kw, validate.pair(out),
+                              inplace, stream,
+                              lambda: _forward(q, k, config, out, inplace, stream, **kw))
+    return _forward(q, k, config, out, inplace, stream, **kw)
+
+
+def _forward(q, k, config, out, inplace, stream, *, q_weight, k_weight, eps, norm,
+             weight_offset, order, norm_over, rounding, tables, positions, offset, seq_offsets):
     c = QkNormCall.of(q, k, None, None, config, q_weight, k_weight, eps, norm, weight_offset,
                       order, norm_over, rounding, tables, positions, offset, seq_offsets)
     out_infos = validate.output_infos(c.infos, ("q", "k"), validate.pair(out), inplace)
@@ -84,6 +109,19 @@ def rope_qk_norm_backward(q, k, grad_q, grad_k, config, *, q_weight=None, k_weig
     incoming ``grad_q``, ``grad_k`` (shaped like q, k). The weight gradients
     (None without a weight) sum over every token and head in a fixed order
     (the same bits on every run), in the weight's dtype. ``out=(dq, dk)``."""
+    kw = dict(q_weight=q_weight, k_weight=k_weight, eps=eps, norm=norm,
+              weight_offset=weight_offset, order=order, norm_over=norm_over, rounding=rounding,
+              tables=tables, positions=positions, offset=offset, seq_offsets=seq_offsets)
+    if engaged(q, k, out) or engaged(grad_q, grad_k):
+        from .torch_route import qknorm_backward
+        return qknorm_backward("rope_qk_norm_backward", q, k, grad_q, grad_k, config, kw,
+                               validate.pair(out), stream,
+                               lambda: _backward(q, k, grad_q, grad_k, config, out, stream, **kw))
+    return _backward(q, k, grad_q, grad_k, config, out, stream, **kw)
+
+
+def _backward(q, k, grad_q, grad_k, config, out, stream, *, q_weight, k_weight, eps, norm,
+              weight_offset, order, norm_over, rounding, tables, positions, offset, seq_offsets):
     c = QkNormCall.of(q, k, grad_q, grad_k, config, q_weight, k_weight, eps, norm,
                       weight_offset, order, norm_over, rounding, tables, positions, offset,
                       seq_offsets)

@@ -20,6 +20,14 @@ Shapes (``layout`` as in ``cuprope.api``):
     repeat-interleaved), else halves (j, j + R/2) and rotate_half.
 The backward is the gradient autograd forms for HF's expression,
 ``g * cos + rotate_halfᵀ(g * sin)``, rounded the same way.
+
+PyTorch (``cuprope.torch_guard``), with grad mode on: q and k that require
+grad (``rope_qk_table_*``) go through ``cuprope.torch``'s differentiable table
+op (the result requires grad); the single-tensor functions, and cos/sin that
+require grad, have no adapter here: TypeError naming
+``cuprope.torch.apply_rotary_pos_emb``. In place into a leaf that requires
+grad: RuntimeError. Under ``torch.compile`` the q/k functions are the custom
+op ``cuprope::rope_qk_table``; the single-tensor ones a graph break.
 """
 from __future__ import annotations
 
@@ -30,6 +38,7 @@ from ._core import engine, fastpath, host, validate
 from ._core.arrays import describe, overlaps
 from ._core.launch import make_plan
 from ._core.layout import LAYOUTS, to_canon
+from .torch_guard import engaged
 
 __all__ = ["rope_table_forward", "rope_table_backward", "rope_qk_table_forward",
            "rope_qk_table_backward"]
@@ -39,32 +48,46 @@ def rope_table_forward(x, cos, sin, *, layout: str = "bshd", interleaved: bool =
                        out=None, inplace: bool = False, stream=None):
     """``x * cos + rotate_half(x) * sin`` on the first R = cos.shape[-1] dims.
     Returns the rotated array (``x`` itself when ``inplace``; ``out`` when given)."""
-    return _table_rope((x,), ("x",), cos, sin, layout, interleaved, False,
-                       None if out is None else (out,), inplace, stream)[0]
+    return _guarded("rope_table_forward", (x,), ("x",), cos, sin, layout, interleaved, False,
+                    None if out is None else (out,), inplace, stream)[0]
 
 
 def rope_table_backward(grad_out, cos, sin, *, layout: str = "bshd", interleaved: bool = False,
                         out=None, inplace: bool = False, stream=None):
     """Gradient of ``rope_table_forward`` w.r.t. x (as autograd forms it for HF)."""
-    return _table_rope((grad_out,), ("grad_out",), cos, sin, layout, interleaved, True,
-                       None if out is None else (out,), inplace, stream)[0]
+    return _guarded("rope_table_backward", (grad_out,), ("grad_out",), cos, sin, layout,
+                    interleaved, True, None if out is None else (out,), inplace, stream)[0]
 
 
 def rope_qk_table_forward(q, k, cos, sin, *, layout: str = "bshd", interleaved: bool = False,
                           out=None, inplace: bool = False, stream=None):
     """q and k in one launch, each table value read once per token for every
     head of both. Returns (q_rotated, k_rotated)."""
-    return _table_rope((q, k), ("q", "k"), cos, sin, layout, interleaved, False,
-                       validate.pair(out),
-                       inplace, stream)
+    return _guarded("rope_qk_table_forward", (q, k), ("q", "k"), cos, sin, layout, interleaved,
+                    False, validate.pair(out), inplace, stream)
 
 
 def rope_qk_table_backward(grad_q, grad_k, cos, sin, *, layout: str = "bshd",
                            interleaved: bool = False, out=None, inplace: bool = False,
                            stream=None):
     """Gradients of ``rope_qk_table_forward`` w.r.t. q and k, in one launch."""
-    return _table_rope((grad_q, grad_k), ("grad_q", "grad_k"), cos, sin, layout, interleaved,
-                       True, validate.pair(out), inplace, stream)
+    return _guarded("rope_qk_table_backward", (grad_q, grad_k), ("grad_q", "grad_k"), cos, sin,
+                    layout, interleaved, True, validate.pair(out), inplace, stream)
+
+
+def _guarded(name, xs, names, cos, sin, layout, interleaved, inverse, outs, inplace, stream):
+    """The call, through cuprope.torch_route when torch_guard.engaged says so."""
+    if (engaged(xs[0], xs[-1], outs) or getattr(cos, "requires_grad", False)
+            or getattr(sin, "requires_grad", False)):
+        from .torch_route import tables
+
+        def core():
+            return _table_rope(xs, names, cos, sin, layout, interleaved, inverse, outs,
+                               inplace, stream)
+        res = tables(name, xs, cos, sin, layout, interleaved, inverse, outs, inplace, stream,
+                     core)
+        return (res,) if len(xs) == 1 and not isinstance(res, tuple) else res
+    return _table_rope(xs, names, cos, sin, layout, interleaved, inverse, outs, inplace, stream)
 
 
 class _TableSource:

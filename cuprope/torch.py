@@ -27,6 +27,12 @@ module is imported only by users who want it.
 
 Tensors on the CPU run the NumPy backend (float64 reference), which is how the
 adapter's tests run without a GPU.
+
+The core functions (``cuprope.rope_qk_forward`` and the others) come here by
+themselves for torch tensors that require grad (grad mode on) and under
+``torch.compile`` (``cuprope.torch_guard``): ``rotate`` and ``table_rotate``
+below are the entries they use (the forward or, ``inverse=True``, the
+transposed rotation, both differentiable).
 """
 from __future__ import annotations
 
@@ -38,8 +44,8 @@ from . import api, tables
 from .cos_sin_cache import rotary_embedding as _rotary_embedding
 from .config import RopeConfig, config_by_key
 
-__all__ = ["rope_qk", "rope", "RopeQKFunction", "apply_rotary_pos_emb", "rotary_embedding",
-           "rope_qk_norm", "RopeQKNormFunction"]
+__all__ = ["rope_qk", "rope", "rotate", "table_rotate", "RopeQKFunction",
+           "apply_rotary_pos_emb", "rotary_embedding", "rope_qk_norm", "RopeQKNormFunction"]
 
 # Custom ops take only tensors and scalars: configs travel as their integer key.
 
@@ -70,40 +76,46 @@ def _zeros_if_none(g, like_meta):
 
 
 class RopeQKFunction(torch.autograd.Function):
-    """autograd.Function: forward = rope_qk_forward, backward = rope_qk_backward."""
+    """autograd.Function: forward = rope_qk_forward, backward = rope_qk_backward.
+    ``apply(q, k, config, positions, offset, seq_offsets[, inverse])``:
+    ``inverse=True`` swaps the two (rope_qk_backward, differentiable)."""
 
     @staticmethod
-    def forward(ctx, q, k, config, positions, offset, seq_offsets):
+    def forward(ctx, q, k, config, positions, offset, seq_offsets, *inverse):
         ctx.config, ctx.offset = config, offset
+        ctx.inverse, ctx.n_extra = bool(inverse and inverse[0]), len(inverse)
         ctx.save_for_backward(positions, seq_offsets)
         ctx.meta = ((q.shape, q.dtype, q.device), (k.shape, k.dtype, k.device))
-        return api.rope_qk_forward(q.detach(), k.detach(), config, positions=positions,
-                                   offset=offset, seq_offsets=seq_offsets)
+        fn = api.rope_qk_backward if ctx.inverse else api.rope_qk_forward
+        return fn(q.detach(), k.detach(), config, positions=positions, offset=offset,
+                  seq_offsets=seq_offsets)
 
     @staticmethod
     def backward(ctx, gq, gk):
         positions, seq_offsets = ctx.saved_tensors
         gq = _zeros_if_none(gq, ctx.meta[0])
         gk = _zeros_if_none(gk, ctx.meta[1])
-        dq, dk = api.rope_qk_backward(gq, gk, ctx.config, positions=positions, offset=ctx.offset,
-                                      seq_offsets=seq_offsets)
-        return dq, dk, None, None, None, None
+        fn = api.rope_qk_forward if ctx.inverse else api.rope_qk_backward
+        dq, dk = fn(gq, gk, ctx.config, positions=positions, offset=ctx.offset,
+                    seq_offsets=seq_offsets)
+        return (dq, dk, None, None, None, None) + (None,) * ctx.n_extra
 
 
 class _RopeFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, config, positions, offset, seq_offsets):
-        ctx.config, ctx.offset = config, offset
+    def forward(ctx, x, config, positions, offset, seq_offsets, inverse):
+        ctx.config, ctx.offset, ctx.inverse = config, offset, inverse
         ctx.save_for_backward(positions, seq_offsets)
-        return api.rope_forward(x.detach(), config, positions=positions, offset=offset,
-                                seq_offsets=seq_offsets)
+        fn = api.rope_backward if inverse else api.rope_forward
+        return fn(x.detach(), config, positions=positions, offset=offset, seq_offsets=seq_offsets)
 
     @staticmethod
     def backward(ctx, g):
         positions, seq_offsets = ctx.saved_tensors
         g = g if g.stride(-1) == 1 else g.contiguous()
-        return (api.rope_backward(g, ctx.config, positions=positions, offset=ctx.offset,
-                                  seq_offsets=seq_offsets), None, None, None, None)
+        fn = api.rope_forward if ctx.inverse else api.rope_backward
+        return (fn(g, ctx.config, positions=positions, offset=ctx.offset,
+                   seq_offsets=seq_offsets), None, None, None, None, None)
 
 
 # ---------------------------------------------------------------- custom ops
@@ -189,17 +201,30 @@ def rope_qk(q: torch.Tensor, k: torch.Tensor, config: RopeConfig, *,
             seq_offsets: Optional[torch.Tensor] = None):
     """Differentiable fused q/k RoPE (shapes as ``cuprope.rope_qk_forward``).
     Returns (q_rot, k_rot) as new tensors."""
-    if _compiling():
-        return _rope_qk_op(q, k, _key(config), positions, seq_offsets, int(offset), False)
-    return RopeQKFunction.apply(q, k, config, positions, int(offset), seq_offsets)
+    return rotate((q, k), config, False, positions, offset, seq_offsets)
 
 
 def rope(x: torch.Tensor, config: RopeConfig, *, positions: Optional[torch.Tensor] = None,
          offset: int = 0, seq_offsets: Optional[torch.Tensor] = None):
     """Differentiable single-tensor RoPE (shapes as ``cuprope.rope_forward``)."""
+    return rotate((x,), config, False, positions, offset, seq_offsets)[0]
+
+
+def rotate(xs, config: RopeConfig, inverse: bool, positions=None, offset: int = 0,
+           seq_offsets=None):
+    """``xs`` (x, or q and k) rotated, differentiably, as new tensors (a
+    tuple like ``xs``): the forward rotation, or with ``inverse`` the
+    transposed one (``rope_backward``; its gradient is the forward). The
+    custom op under torch.compile, the autograd.Function eagerly. The core
+    functions route here for tensors that require grad (cuprope.torch_guard)."""
+    inverse, offset = bool(inverse), int(offset)
+    if len(xs) == 2:
+        if _compiling():
+            return _rope_qk_op(xs[0], xs[1], _key(config), positions, seq_offsets, offset, inverse)
+        return RopeQKFunction.apply(xs[0], xs[1], config, positions, offset, seq_offsets, inverse)
     if _compiling():
-        return _rope_op(x, _key(config), positions, seq_offsets, int(offset), False)
-    return _RopeFunction.apply(x, config, positions, int(offset), seq_offsets)
+        return (_rope_op(xs[0], _key(config), positions, seq_offsets, offset, inverse),)
+    return (_RopeFunction.apply(xs[0], config, positions, offset, seq_offsets, inverse),)
 
 
 # ---------------------------------------------------------------- HF drop-in (cos/sin tables)
@@ -207,21 +232,32 @@ def rope(x: torch.Tensor, config: RopeConfig, *, positions: Optional[torch.Tenso
 
 class _TableQKFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, cos, sin, layout, interleaved):
+    def forward(ctx, q, k, cos, sin, layout, interleaved, inverse=False):
         ctx.save_for_backward(cos, sin)
-        ctx.args = (layout, interleaved)
+        ctx.args = (layout, interleaved, inverse)
         ctx.meta = ((q.shape, q.dtype, q.device), (k.shape, k.dtype, k.device))
-        return tables.rope_qk_table_forward(q.detach(), k.detach(), cos.detach(), sin.detach(),
-                                            layout=layout, interleaved=interleaved)
+        fn = tables.rope_qk_table_backward if inverse else tables.rope_qk_table_forward
+        return fn(q.detach(), k.detach(), cos.detach(), sin.detach(), layout=layout,
+                  interleaved=interleaved)
 
     @staticmethod
     def backward(ctx, gq, gk):
         cos, sin = ctx.saved_tensors
-        layout, interleaved = ctx.args
-        dq, dk = tables.rope_qk_table_backward(
-            _zeros_if_none(gq, ctx.meta[0]), _zeros_if_none(gk, ctx.meta[1]), cos, sin,
-            layout=layout, interleaved=interleaved)
-        return dq, dk, None, None, None, None
+        layout, interleaved, inverse = ctx.args
+        fn = tables.rope_qk_table_forward if inverse else tables.rope_qk_table_backward
+        dq, dk = fn(_zeros_if_none(gq, ctx.meta[0]), _zeros_if_none(gk, ctx.meta[1]), cos, sin,
+                    layout=layout, interleaved=interleaved)
+        return dq, dk, None, None, None, None, None
+
+
+def table_rotate(q, k, cos, sin, layout: str, interleaved: bool, inverse: bool):
+    """q and k rotated by HF-style cos/sin tables (``cuprope.tables``),
+    differentiably in q and k, as new tensors: the forward, or with
+    ``inverse`` its gradient (whose own gradient is the forward). The custom
+    op under torch.compile, an autograd.Function eagerly."""
+    if _compiling():
+        return _rope_qk_table_op(q, k, cos, sin, layout, bool(interleaved), bool(inverse))
+    return _TableQKFunction.apply(q, k, cos, sin, layout, bool(interleaved), bool(inverse))
 
 
 @torch.library.custom_op("cuprope::rope_qk_table", mutates_args=())
@@ -282,7 +318,7 @@ def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, si
         return _rope_qk_table_op(q, k, cos, sin, layout, False, False)
     if not (q.requires_grad or k.requires_grad):
         return tables.rope_qk_table_forward(q, k, cos, sin, layout=layout)
-    return _TableQKFunction.apply(q, k, cos, sin, layout, False)
+    return _TableQKFunction.apply(q, k, cos, sin, layout, False, False)
 
 
 @torch.library.custom_op("cuprope::rotary_embedding", mutates_args=("query", "key"))

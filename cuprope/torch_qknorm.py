@@ -19,7 +19,7 @@ import torch
 from . import qknorm
 from .config import RopeConfig, config_by_key
 
-__all__ = ["rope_qk_norm", "RopeQKNormFunction"]
+__all__ = ["rope_qk_norm", "RopeQKNormFunction", "rope_qk_norm_backward_op"]
 
 _Opt = Optional[torch.Tensor]
 
@@ -141,3 +141,21 @@ def rope_qk_norm(q: torch.Tensor, k: torch.Tensor, config: RopeConfig, *, q_weig
     if torch.compiler.is_compiling():
         return _fwd_op(*args, *scalars)
     return RopeQKNormFunction.apply(*args, *scalars)
+
+
+def rope_qk_norm_backward_op(q: torch.Tensor, k: torch.Tensor, grad_q: torch.Tensor,
+                             grad_k: torch.Tensor, config: RopeConfig, *, q_weight: _Opt = None,
+                             k_weight: _Opt = None, eps: float = 1e-6, norm: str = "rms",
+                             weight_offset: float = 0.0, order: str = "norm_then_rope",
+                             norm_over: str = "head", rounding: str = "exact", tables=None,
+                             positions: _Opt = None, offset: int = 0, seq_offsets: _Opt = None):
+    """``cuprope.qknorm.rope_qk_norm_backward`` as the custom op
+    ``cuprope::rope_qk_norm_backward`` (traceable by torch.compile, not
+    differentiable itself): (dq, dk, dq_weight or None, dk_weight or None).
+    ``cuprope.qknorm.rope_qk_norm_backward`` comes here under torch.compile."""
+    cos, sin = (None, None) if tables is None else tuple(tables)
+    dq, dk, dwq, dwk = _bwd_op(q, k, _grad(grad_q, q), _grad(grad_k, k), q_weight, k_weight,
+                               cos, sin, positions, seq_offsets, _key(config), int(offset),
+                               float(eps), norm, float(weight_offset), order, norm_over,
+                               rounding)
+    return dq, dk, None if q_weight is None else dwq, None if k_weight is None else dwk
