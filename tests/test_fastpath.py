@@ -1,5 +1,5 @@
 """The fast paths' host machinery without a GPU (cuprope/_core/fastpath.py,
-driver.PackedLaunch, driver.LaunchConfig): signature keys of torch tensors
+launcher.Plan, driver.LaunchConfig): signature keys of torch tensors
 (CPU tensors let in with min_device=-1), overlap windows and their variants,
 the lookup, and pointer patching of packed argument structs."""
 import ctypes
@@ -8,7 +8,7 @@ import struct
 import numpy as np
 import pytest
 
-from cuprope._core import args, driver, fastpath, kvlaunch, launch
+from cuprope._core import args, driver, fastpath, launch, launcher
 
 torch = pytest.importorskip("torch")
 
@@ -64,7 +64,7 @@ class Payload:
     def __init__(self, device=0):
         self.device, self.runs = device, []
 
-    def run_patched(self, stream, ptrs):
+    def run(self, stream, ptrs):
         self.runs.append((stream, list(ptrs)))
 
 
@@ -149,26 +149,27 @@ class FakeFunc:
                            stream.ptr))
 
 
-def test_packed_launch_patches_pointers_into_both_structs(monkeypatch):
-    """run_patched writes ptrs[i] + addend into RopeArgs and KvArgs slots and
-    leaves every other field as packed."""
+def test_plan_run_writes_per_call_words_into_both_structs(monkeypatch):
+    """Plan.run writes values[i] + addend into RopeArgs and KvArgs words (the
+    spec's calls, fields of either struct by name) and leaves every other
+    field as packed."""
     monkeypatch.setattr(driver.DRIVER, "_ok", False)   # no driver: every launch through func
     ra = args.pack_args(heads=(32, 8), head_dim=128, scale=0.5)
     ka = args.pack_kv_args(page_size=16, num_pages=7)
-    patches = [("in_ptr0", 0, 0), ("in_ptr1", 1, 0), ("pos_ptr", 2, 0), ("k_cache", 3, 0),
-               ("v_cache", 3, 4096), ("k_scale", 4, 0)]
+    calls = [("in_ptr0", 0, 0), ("in_ptr1", 1, 0), ("pos_ptr", 2, 0), ("k_cache", 3, 0),
+             ("v_cache", 3, 4096), ("k_scale", 4, 0)]
     fn = FakeFunc()
-    pl = driver.PackedLaunch(0, fn, (3, 1, 1), (128, 1, 1), 512,
-                             [(ra, args.ARGS_DTYPE), (ka, args.KV_ARGS_DTYPE)],
-                             [(kvlaunch.kv_slot(f), i, a) for f, i, a in patches])
+    spec = launcher.LaunchSpec("k", "f", (3, 1, 1), (128, 1, 1), 512,
+                               [(args.ROPE_ARGS, ra), (args.KV_ARGS, ka)], calls)
+    pl = launcher.Plan(0, fn, spec)
     for call, ptrs in enumerate(([11, 22, 33, 44000, 55], [1, 2, 3, 4, 0])):
-        pl.run_patched(77 + call, ptrs)
+        pl.run(77 + call, ptrs)
         grid, block, (rb, kb), smem, stream = fn.calls[-1]
         assert (grid, block, smem, stream) == ((3, 1, 1), (128, 1, 1), 512, 77 + call)
         r = dict(zip([f"{n}{i}" for n, c, _ in args.ARGS_FIELDS for i in range(c)],
                      struct.unpack(args.ARGS.format, rb)))
-        k = dict(zip([n for n, _, _ in args.KV_ARGS_FIELDS], struct.unpack(args.KV_ARGS.format,
-                                                                            kb)))
+        k = dict(zip([n for n, _, _ in args.KV_ARGS.fields], struct.unpack(
+            args.KV_ARGS.packer.format, kb)))
         assert (r["in_ptr0"], r["in_ptr1"], r["pos_ptr0"]) == tuple(ptrs[:3])
         assert (k["k_cache"], k["v_cache"], k["k_scale"]) == (ptrs[3], ptrs[3] + 4096, ptrs[4])
         assert (r["heads0"], r["heads1"], r["head_dim0"], r["scale0"]) == (32, 8, 128, 0.5)
@@ -176,21 +177,41 @@ def test_packed_launch_patches_pointers_into_both_structs(monkeypatch):
     assert len(fn.calls) == 2 and pl.bound is None
 
 
-def test_kv_slot_names_both_structs():
-    kv0 = args.ARGS.size // 8
-    assert kvlaunch.kv_slot("in_ptr1") == args.ARGS_SLOTS["in_ptr"] + 1
-    assert kvlaunch.kv_slot("pos_ptr") == args.ARGS_SLOTS["pos_ptr"]
-    assert kvlaunch.kv_slot("v_ptr") == kv0
-    assert kvlaunch.kv_slot("write_rest") == kv0 + len(args.KV_ARGS_FIELDS) - 1
+def test_spec_slots_name_fields_of_every_group():
+    kv0 = args.ROPE_ARGS.n_words
+    spec = launcher.LaunchSpec("k", "f", (1, 1, 1), (32, 1, 1), 0,
+                               [(args.ROPE_ARGS, args.pack_args()),
+                                (args.KV_ARGS, args.pack_kv_args())])
+    assert spec.slot("in_ptr1") == args.ARGS_SLOTS["in_ptr"] + 1
+    assert spec.slot("pos_ptr") == args.ARGS_SLOTS["pos_ptr"]
+    assert spec.slot("v_ptr") == kv0
+    assert spec.slot("write_rest") == kv0 + len(args.KV_ARGS.fields) - 1
+    with pytest.raises(KeyError):
+        spec.slot("nothing")
 
 
-def test_launch_plan_run_writes_its_per_call_fields():
-    plan = launch.LaunchPlan(0, FakeFunc(), (1, 1, 1), (32, 1, 1), 0, 8, 16,
-                             args.pack_args(rot_dim=64))
-    plan.run(5, 1, 2, 3, 4, 6, 7, -9)
-    w = plan.buf
-    assert list(w[[launch._IN0, launch._IN1, launch._OUT0, launch._OUT1, launch._POS,
-                   launch._SEQ, launch._OFFSET]]) == [1, 2, 3, 4, 6, 7, -9]
+def test_spread_parameters_launch_one_scalar_per_word(monkeypatch):
+    """A spread parameter list (qknorm_dw_kernel's) goes to the kernel as
+    one int64 per word, after a by-value struct where there is one."""
+    monkeypatch.setattr(driver.DRIVER, "_ok", False)
+    fn = FakeFunc()
+    raw = args.DW_ARGS.pack(part_ptr=5, rows=6, stride=7, col0=8, cols=9, out_ptr=10,
+                            out_dtype=2)
+    spec = launcher.LaunchSpec("k", "f", (1, 1, 1), (256, 1, 1), 0, [(args.DW_ARGS, raw)])
+    launcher.Plan(0, fn, spec).run(3, ())
+    assert [struct.unpack("<q", b)[0] for b in fn.calls[-1][2]] == [5, 6, 7, 8, 9, 10, 2]
+
+
+def test_rope_plan_run_writes_its_per_call_fields(monkeypatch):
+    monkeypatch.setattr(driver.DRIVER, "_ok", False)
+    spec = launcher.LaunchSpec("k", "f", (1, 1, 1), (32, 1, 1), 0,
+                               [(args.ROPE_ARGS, args.pack_args(rot_dim=64))], launch.ROPE_CALLS)
+    plan = launcher.Plan(0, FakeFunc(), spec)
+    plan.run(5, (1, 2, 3, 4, 6, 7, -9))
+    w = plan.words
+    slots = [args.ROPE_ARGS.slot(r) for r in ("in_ptr0", "in_ptr1", "out_ptr0", "out_ptr1",
+                                              "pos_ptr", "seq_off_ptr", "offset")]
+    assert [w[s] for s in slots] == [1, 2, 3, 4, 6, 7, -9]
     assert w[args.ARGS_SLOTS["rot_dim"]] == 64
 
 
