@@ -66,10 +66,9 @@ def rope_qk_norm_forward(q, k, config, *, q_weight=None, k_weight=None, eps=1e-6
             and (tables is None or (isinstance(tables, (tuple, list)) and len(tables) == 2)))
     tkt = None
     if fast:
-        header = ("qkn", fastpath.get_ident(), type(eps), eps, norm, type(weight_offset),
-                  weight_offset, order, norm_over, rounding, tables is None, bool(inplace))
-        arrays = (q, k, q_weight, k_weight) + (
-            (positions, seq_offsets) if tables is None else tuple(tables))
+        header, arrays = fast_signature(q, k, q_weight, k_weight, eps, norm, weight_offset,
+                                        order, norm_over, rounding, tables, positions,
+                                        seq_offsets, inplace)
         if config._launches.fast:
             res = _fast_forward(config, header, arrays, offset, inplace)
             if res is not None:
@@ -92,6 +91,16 @@ def rope_qk_norm_forward(q, k, config, *, q_weight=None, k_weight=None, eps=1e-6
 # seq_offsets (or cos and sin); in place, q and k are written while all of
 # them are read (the general path checks those overlaps).
 _INPLACE_PAIRS = tuple((i, j) for i in (0, 1) for j in range(i + 1, 6))
+
+
+def fast_signature(q, k, q_weight, k_weight, eps, norm, weight_offset, order, norm_over,
+                   rounding, tables, positions, seq_offsets, inplace):
+    """(header, arrays) of a forward's fast-path key: the settings (types too,
+    so True never passes for 1) and the arrays it covers."""
+    header = ("qkn", fastpath.get_ident(), type(eps), eps, norm, type(weight_offset),
+              weight_offset, order, norm_over, rounding, tables is None, bool(inplace))
+    return header, (q, k, q_weight, k_weight) + (
+        (positions, seq_offsets) if tables is None else tuple(tables))
 
 
 def _fast_forward(config, header, arrays, offset, inplace):

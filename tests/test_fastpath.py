@@ -240,3 +240,37 @@ def test_bound_launch_patches_the_stream_only_when_it_changes():
     assert b.launch(0) and b.launch(99) and b.launch(99)
     assert [s[0] for s in seen] == [None, 99, 99]
     assert seen[0][1:] == (1234, 5678, None, [4, 2, 1], 96)
+
+
+def test_qknorm_fast_forward_runs_the_registered_plan_with_the_call_values(monkeypatch):
+    """cuprope.qknorm's forward fast path (CPU tensors let in by a CPU
+    adapter): a registered plan runs with (q, k, out q, out k, weights,
+    positions, seq_offsets, offset) as its values, in place or into fresh
+    outputs, and a call with other settings or shapes is not taken."""
+    import cuprope
+    from cuprope import qknorm
+    fw = (fastpath.torch_collector(-1), torch.Tensor.data_ptr, torch.empty_like,
+          lambda dev: 1000 + dev, lambda: 0)
+    monkeypatch.setitem(fastpath._FAST, "torch", fw)
+    cfg = cuprope.RopeConfig(64)
+    q, k = torch.randn(1, 1, 4, 64), torch.randn(1, 1, 2, 64)
+    w, pos = torch.randn(64), torch.tensor([[7]], dtype=torch.int32)
+    settings = (1e-6, "rms", 0.0, "norm_then_rope", "head", "exact", None, pos, None)
+    for inplace in (True, False):
+        header, arrays = qknorm.fast_signature(q, k, w, None, *settings, inplace)
+        tkt = fastpath.ticket(fw, header, arrays)
+        plan = Payload()
+        plan.align = 16
+        cfg._launches.fast.clear()
+        fastpath.remember(cfg._launches.fast, tkt, [None] * 6, plan)
+        res = qknorm.rope_qk_norm_forward(q, k, cfg, q_weight=w, positions=pos, offset=5,
+                                          inplace=inplace)
+        (stream, values), = plan.runs
+        outs = (q.data_ptr(), k.data_ptr()) if inplace else (res[0].data_ptr(),
+                                                             res[1].data_ptr())
+        assert stream == 1000 and values == [q.data_ptr(), k.data_ptr(), *outs, w.data_ptr(),
+                                             0, pos.data_ptr(), 0, 5]
+        assert (res[0] is q) == inplace and res[0].shape == q.shape
+    # another eps, or a k with another head count: the general path (the host backend here)
+    res = qknorm.rope_qk_norm_forward(q, k, cfg, q_weight=w, positions=pos, eps=1e-5)
+    assert len(plan.runs) == 1 and not torch.equal(res[0], q)
