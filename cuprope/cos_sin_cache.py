@@ -132,7 +132,7 @@ def rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox=Tr
     plan = launcher.plan(kv_spec(qi.device, dtype=qi.dtype, interleaved=not is_neox, vec=vec,
                                  src=src, fp8=0, rope=rope, kv=kv, calls=calls), qi.device)
     stream_ptr = engine.stream_handle(stream, qi)
-    launcher.on_device(qi.device, plan.run, stream_ptr, (pi.ptr, qi.ptr, kp, ci.ptr))
+    launcher.on_device(qi.device, plan.run, stream_ptr, pi.ptr, qi.ptr, kp, ci.ptr)
     if fast:
         fastpath.remember(_LAUNCHES.fast, fastpath.ticket(fastpath.fast_adapter(qi.kind), header, arrays,
                                                   _PAIRS),

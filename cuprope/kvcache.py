@@ -208,7 +208,7 @@ def rope_append_kv(q, k, v, config, positions, *, k_cache=None, v_cache=None, kv
     ptrs = [0 if a is None else i.ptr for a, i in zip(arrays, _by_index(
         qi, ki, vi, pos, kc, vc, kv_cache is not None, addr, qo if q_out is not None else None,
         scales))]
-    launcher.on_device(dev, plan.run, stream_ptr, ptrs)
+    launcher.on_device(dev, plan.run, stream_ptr, *ptrs)
     if fast:
         fastpath.remember(config._launches.fast, fastpath.ticket(fastpath.fast_adapter(qi.kind), header,
                                                          arrays, _PAIRS), spans, plan)

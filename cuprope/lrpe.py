@@ -333,7 +333,7 @@ def _gpu_backend_fused(backward, main, xinfo, out_info, cfg, offset, act, dim, b
     stats = stats_ptr = None
     if code == LRPE_ACTS["softmax_seq"]:
         stats, stats_ptr = _scratch(main, (3 if backward else 2) * b * h * d)
-    on_device(device, plan.run, stream_ptr,
-              (main.ptr, out_info.ptr, xinfo.ptr if fused_x else 0, stats_ptr or 0, offset))
+    on_device(device, plan.run, stream_ptr, main.ptr, out_info.ptr, xinfo.ptr if fused_x else 0,
+              stats_ptr or 0, offset)
     del stats  # the framework's allocator orders its reuse after the launch on this stream
     return engine.hand_back([main], [out_info], stream_ptr)[0]

@@ -128,7 +128,7 @@ def _fast_forward(config, header, arrays, offset, inplace):
         o0, o1 = fw[1](res[0]), fw[1](res[1])
         if (o0 | o1) % plan.align:
             return None
-    plan.run(fw[3](plan.device), (p[0], p[1], o0, o1, p[2], p[3], p[4], p[5], offset))
+    plan.run(fw[3](plan.device), p[0], p[1], o0, o1, p[2], p[3], p[4], p[5], offset)
     return res
 
 
@@ -362,7 +362,7 @@ class QkNormCall:
         values = (ins[0].ptr, ins[1].ptr, out_infos[0].ptr, out_infos[1].ptr,
                   *(0 if w is None else w.ptr for w in self.winfos), *idx, self.offset,
                   self.infos[0].ptr, self.infos[1].ptr, part_ptr)
-        launcher.on_device(self.device, plan.run, stream_ptr, values)
+        launcher.on_device(self.device, plan.run, stream_ptr, *values)
         if ticket is not None:
             spans = [fastpath.span(i) for i in (*self.infos, *self.winfos)] + (
                 [fastpath.span(t) for t in self.tables[:2]] if self.tables else
@@ -377,7 +377,7 @@ class QkNormCall:
         outs = [None if w is None else empty_like(w) for w in self.winfos]
         ptrs = [0 if o is None else describe(o, "dw").ptr for o in outs]
         for i, spec in qknorm_launch.dw_specs(self, geo, part_ptr=part_ptr, out_ptrs=ptrs):
-            launcher.on_device(self.device, launcher.plan(spec, self.device).run, stream_ptr, ())
+            launcher.on_device(self.device, launcher.plan(spec, self.device).run, stream_ptr)
             dws[i] = wrap_like(self.winfos[i], outs[i])
         if self.infos[0].kind == "jax":
             import cupy

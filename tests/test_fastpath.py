@@ -64,7 +64,7 @@ class Payload:
     def __init__(self, device=0):
         self.device, self.runs = device, []
 
-    def run(self, stream, ptrs):
+    def run(self, stream, *ptrs):
         self.runs.append((stream, list(ptrs)))
 
 
@@ -163,7 +163,7 @@ def test_plan_run_writes_per_call_words_into_both_structs(monkeypatch):
                                [(args.ROPE_ARGS, ra), (args.KV_ARGS, ka)], calls)
     pl = launcher.Plan(0, fn, spec)
     for call, ptrs in enumerate(([11, 22, 33, 44000, 55], [1, 2, 3, 4, 0])):
-        pl.run(77 + call, ptrs)
+        pl.run(77 + call, *ptrs)
         grid, block, (rb, kb), smem, stream = fn.calls[-1]
         assert (grid, block, smem, stream) == ((3, 1, 1), (128, 1, 1), 512, 77 + call)
         r = dict(zip([f"{n}{i}" for n, c, _ in args.ARGS_FIELDS for i in range(c)],
@@ -198,7 +198,7 @@ def test_spread_parameters_launch_one_scalar_per_word(monkeypatch):
     raw = args.DW_ARGS.pack(part_ptr=5, rows=6, stride=7, col0=8, cols=9, out_ptr=10,
                             out_dtype=2)
     spec = launcher.LaunchSpec("k", "f", (1, 1, 1), (256, 1, 1), 0, [(args.DW_ARGS, raw)])
-    launcher.Plan(0, fn, spec).run(3, ())
+    launcher.Plan(0, fn, spec).run(3)
     assert [struct.unpack("<q", b)[0] for b in fn.calls[-1][2]] == [5, 6, 7, 8, 9, 10, 2]
 
 
@@ -207,7 +207,7 @@ def test_rope_plan_run_writes_its_per_call_fields(monkeypatch):
     spec = launcher.LaunchSpec("k", "f", (1, 1, 1), (32, 1, 1), 0,
                                [(args.ROPE_ARGS, args.pack_args(rot_dim=64))], launch.ROPE_CALLS)
     plan = launcher.Plan(0, FakeFunc(), spec)
-    plan.run(5, (1, 2, 3, 4, 6, 7, -9))
+    plan.run(5, 1, 2, 3, 4, 6, 7, -9)
     w = plan.words
     slots = [args.ROPE_ARGS.slot(r) for r in ("in_ptr0", "in_ptr1", "out_ptr0", "out_ptr1",
                                               "pos_ptr", "seq_off_ptr", "offset")]

@@ -116,9 +116,8 @@ def run_plan(plan, owner, infos, out_infos, stream_ptr, idx1, idx2, offset, cach
     ``cache_key`` (a fastpath ticket) and hand the outputs back in the
     caller's framework. idx1, idx2: the positions and sequence-offset
     pointers (cos and sin for the table source)."""
-    values = (infos[0].ptr, infos[-1].ptr, out_infos[0].ptr, out_infos[-1].ptr, idx1, idx2,
-              offset)
-    on_device(infos[0].device, plan.run, stream_ptr, values)
+    on_device(infos[0].device, plan.run, stream_ptr, infos[0].ptr, infos[-1].ptr,
+              out_infos[0].ptr, out_infos[-1].ptr, idx1, idx2, offset)
     fastpath.remember_rope(owner, cache_key, plan, infos, out_infos)
     return hand_back(infos, out_infos, stream_ptr)
 

@@ -21,7 +21,7 @@ owner's ``launcher.LaunchCache.fast``:
 * ``remember(fast, ticket, spans, plan)``: after a validated general-path
   launch, registers ``plan`` (a launcher.Plan) under the key;
 * ``lookup(fast, key, ptrs, current_device)``: the plan, or None;
-* ``fast_call(fast, fw, header, arrays)``: ``plan.run(stream, ptrs)`` of the
+* ``fast_call(fast, fw, header, arrays)``: ``plan.run(stream, *ptrs)`` of the
   registered plan (its per-call words index the arrays' pointers).
 
 Overlap: ``pairs`` lists the (i, j) array pairs the general path checks for
@@ -160,7 +160,7 @@ def fast_call(plans, fw, header, arrays):
     hit = lookup(plans, tkt[0], tkt[1], fw[4])
     if hit is None:
         return False
-    hit.run(fw[3](hit.device), tkt[1])
+    hit.run(fw[3](hit.device), *tkt[1])
     return True
 
 
@@ -229,7 +229,7 @@ def fast_path(xs, config, inverse, positions, offset, seq_offsets, outs, inplace
         out0, out1 = ptr(res[0]), ptr(res[-1])
         if (out0 | out1) % plan.align:
             return None
-    plan.run(fw[3](plan.device), (ptrs[0], ptrs[n - 1], out0, out1, ptrs[-2], ptrs[-1], offset))
+    plan.run(fw[3](plan.device), ptrs[0], ptrs[n - 1], out0, out1, ptrs[-2], ptrs[-1], offset)
     return tuple(res)
 
 

@@ -95,7 +95,7 @@ def angle_table(config, device):
                                     (TABLE_ARGS, TABLE_ARGS.pack(out_ptr=table.data.ptr,
                                                                  rows=rows))])
         stream = cupy.cuda.get_current_stream()
-        launcher.plan(spec, device).run(stream.ptr, ())
+        launcher.plan(spec, device).run(stream.ptr)
         stream.synchronize()
     config.angle_tables[device] = table
     return table

@@ -6,7 +6,7 @@ this module
 * caches it (``LaunchCache``: typed caches of plans by call signature and
   of fast-path entries by array signature, one per owner),
 * runs it eagerly through the CUDA driver on the caller's stream
-  (``Plan.run``: the per-call words written, the launch made),
+  (``Plan.run(stream, *values)``: the per-call words written, the launch made),
 * replays it from the fast paths (``cuprope._core.fastpath`` keeps Plans and
   calls the same ``Plan.run``),
 * and lowers it under ``jax.jit`` as a kernel call (``flat_call``: the flat
@@ -77,17 +77,21 @@ _RUNNERS: dict = {}
 
 
 def _runner(calls, has_pre):
-    """``Plan.run`` for one set of per-call words: the stores written out (no
-    loop on the hot path), then the driver call inline (Plan.launch does the
-    rest: the first launch through CuPy, a changed stream, a driver error)."""
+    """``Plan.run`` for one set of per-call words: the call's values as
+    positional parameters, the stores written out (no loop, no subscript on
+    the hot path), then the driver call inline (Plan.launch does the rest:
+    the first launch through CuPy, a changed stream, a driver error).
+    Values past those the calls use are accepted and ignored."""
     key = (calls, has_pre)
     fn = _RUNNERS.get(key)
     if fn is None:
-        lines = ["def run(self, stream_ptr, v):"]
+        names = [f"v{i}" for i in range(1 + max((i for _, i, _ in calls), default=-1))]
+        sig = ", ".join(["self", "stream_ptr"] + names + ["*rest"])
+        lines = [f"def run({sig}):"]
         if has_pre:
-            lines.append("    self.pre.run(stream_ptr, v)")
+            lines.append(f"    self.pre.run({', '.join(['stream_ptr'] + names)})")
         lines.append("    w = self.words")
-        lines += [f"    w[{s}] = v[{i}]" + (f" + {a}" if a else "") for s, i, a in calls]
+        lines += [f"    w[{s}] = v{i}" + (f" + {a}" if a else "") for s, i, a in calls]
         lines += ["    d = self.bound",
                   "    if d is None or d.stream != stream_ptr or d.call(*d.args):",
                   "        self.launch(stream_ptr)"]
@@ -102,7 +106,7 @@ class Plan:
     parameters in one buffer (``words``: its int64 view), launched through
     CuPy the first time and through the CUDA driver after that
     (driver.Bound; a driver error falls back to CuPy, which raises clearly).
-    ``run(stream_ptr, values)`` writes the spec's per-call words from
+    ``run(stream_ptr, *values)`` writes the spec's per-call words from
     ``values`` and launches. A plan belongs to one thread (its buffer is
     reused; the driver copies kernel arguments at launch)."""
 
