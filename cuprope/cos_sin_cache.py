@@ -134,8 +134,8 @@ def rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox=Tr
     stream_ptr = engine.stream_handle(stream, qi)
     launcher.on_device(qi.device, plan.run, stream_ptr, pi.ptr, qi.ptr, kp, ci.ptr)
     if fast:
-        fastpath.remember(_LAUNCHES.fast, fastpath.ticket(fastpath.fast_adapter(qi.kind), header, arrays,
-                                                  _PAIRS),
+        tkt = fastpath.ticket(fastpath.fast_adapter(qi.kind), header, arrays, _PAIRS)
+        fastpath.remember(_LAUNCHES.fast, tkt,
                           [None, fastpath.span(qi), fastpath.span(ki), None], plan)
     return query, key
 

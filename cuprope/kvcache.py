@@ -210,8 +210,8 @@ def rope_append_kv(q, k, v, config, positions, *, k_cache=None, v_cache=None, kv
         scales))]
     launcher.on_device(dev, plan.run, stream_ptr, *ptrs)
     if fast:
-        fastpath.remember(config._launches.fast, fastpath.ticket(fastpath.fast_adapter(qi.kind), header,
-                                                         arrays, _PAIRS), spans, plan)
+        tkt = fastpath.ticket(fastpath.fast_adapter(qi.kind), header, arrays, _PAIRS)
+        fastpath.remember(config._launches.fast, tkt, spans, plan)
     return engine.hand_back([qi], [qo], stream_ptr)[0]
 
 

@@ -118,3 +118,36 @@ def test_flat_entry_source_is_generated_from_the_field_list(prefix, st, header):
     assert f"({prefix}_PARAMS)" in src and f"{{{prefix}_WORDS}}" in src
     assert "flat_rebuild(a, words);" in src and "__syncthreads" not in src.split(
         "flat_rebuild(a, words);")[1]
+
+
+def test_flat_call_passes_the_eager_specs_words():
+    """launcher.flat_call (the jit lowering) of a rope LaunchSpec: the flat
+    entry of the spec's kernel, its grid, warps and shared memory, an array
+    parameter for every pointer with a source (aligned as asked) and 0 for
+    the rest, then every other word of the spec's packed struct in slot
+    order, the per-call offset fixed."""
+    st = args.ROPE_ARGS
+    plans = [launch.TensorPlan(0, 0, (4096, 512, 128), (4096, 512, 128), 4),
+             launch.TensorPlan(0, 0, (1024, 256, 128), (1024, 256, 128), 2)]
+    spec = launch.rope_spec(sms=132, dtype="bfloat16", interleaved=False, plans=plans,
+                            n_batch=2, n_seq=8, head_dim=128, rot_dim=128, copy_rest=True,
+                            pos=(0, 0, 0, 1), seq_off=None, inv_freq_ptr=1, freq_sh=0,
+                            stream_map_ptr=0, scale=0.5, sin_sign=1.0)
+    assert spec.flat == loader.flat_kernel_name("bfloat16", False, 8, loader.SRC_SHARED)
+    assert spec.kernel == loader.kernel_name("bfloat16", False, 8, loader.SRC_SHARED)
+    sources = {"in_ptr0": ("operand", 0), "in_ptr1": ("operand", 1), "pos_ptr": ("operand", 2),
+               "inv_freq_ptr": ("constant", "table"), "out_ptr0": "out", "out_ptr1": "out"}
+    fc = launcher.flat_call(spec, sources, {"in_ptr0": 16, "out_ptr1": 16},
+                            fixed={"offset": 77})
+    assert (fc.name, fc.grid, fc.smem) == (spec.flat, spec.grid, spec.smem)
+    assert fc.warps == spec.block[0] // 32
+    n = len(st.pointers)
+    assert [p[0] for p in fc.params[:n]] == ["array" if r in sources else "scalar"
+                                             for r in st.pointers]
+    assert fc.params[0] == ("array", 16) and fc.params[st.pointers.index("out_ptr1")][1] == 16
+    assert fc.operands == (("operand", 0), ("operand", 1), ("operand", 2), ("constant", "table"))
+    words = list(struct.unpack("<" + "q" * st.n_words, spec.params[0][1]))
+    words[st.slot("offset")] = 77
+    assert [p[1] for p in fc.params[n:]] == [words[i] for i in st.flat_words]
+    assert all(p[0] == "scalar" and p[2] == "i64" for p in fc.params[n:])
+    assert len(fc.params) == st.n_words == 45

@@ -119,9 +119,9 @@ def ticket(fw, header, arrays, pairs=()):
 
 
 def remember(plans, tkt, spans, payload):
-    """Register ``payload`` (a Plan) in ``plans`` (a LaunchCache.fast) under the ticket's key and pointer
-    differences (None ticket: nothing to do). ``spans``: span() of each array
-    a pair names, by index."""
+    """Register ``payload`` (a Plan) in ``plans`` (a LaunchCache.fast) under
+    the ticket's key and pointer differences (None ticket: nothing to do).
+    ``spans``: span() of each array a pair names, by index."""
     if tkt is None:
         return
     key, ptrs, pairs = tkt
@@ -193,8 +193,8 @@ def fast_key(kind, xs, config, inverse, idx1, idx2, outs, inplace, stream):
 def remember_rope(owner, tkt, plan, infos, out_infos):
     """Register a core plan that has just launched (engine.run_plan)."""
     if tkt is not None:
-        remember(owner._launches.fast, tkt, [span(i) for i in infos] + [span(o) for o in out_infos],
-                 plan)
+        remember(owner._launches.fast, tkt,
+                 [span(i) for i in infos] + [span(o) for o in out_infos], plan)
 
 
 def fast_path(xs, config, inverse, positions, offset, seq_offsets, outs, inplace, stream):

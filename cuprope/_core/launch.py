@@ -1,7 +1,8 @@
 """The rope kernel family's launch as data: the vector width, the grid and
 the packed RopeArgs of one call signature, as a launcher.LaunchSpec
 (``rope_spec``; the core, the cos/sin tables, LRPE and the JAX lowering
-state their launches through it). Nothing here allocates or touches a device.
+state their launches through it). ``rope_spec`` allocates nothing and
+touches no device (``sm_count`` reads the device's properties once).
 """
 from __future__ import annotations
 
