@@ -62,8 +62,11 @@ def rope_qk_norm_forward(q, k, config, *, q_weight=None, k_weight=None, eps=1e-6
 
     A repeated call (no out=, no stream=) whose arrays and settings match a
     previous validated call's reuses its launch (cuprope/_core/fastpath.py)."""
+    # tables exclude positions, seq_offsets and an offset (the key covers only the tables)
     fast = (out is None and stream is None and isinstance(config, RopeConfig)
-            and (tables is None or (isinstance(tables, (tuple, list)) and len(tables) == 2)))
+            and (tables is None or (isinstance(tables, (tuple, list)) and len(tables) == 2
+                                    and positions is None and seq_offsets is None
+                                    and type(offset) is int and offset == 0)))
     tkt = None
     if fast:
         header, arrays = fast_signature(q, k, q_weight, k_weight, eps, norm, weight_offset,
