@@ -50,7 +50,7 @@ import numpy as np
 from ._core import engine, host, validate
 from ._core.arrays import describe, empty_like, wrap_like
 from ._core.cache import ConfigCache
-from ._core.launch import TensorPlan, pick_vec, rope_spec, sm_count
+from ._core.launch import LRPE_CALLS, TensorPlan, pick_vec, rope_spec, sm_count
 from ._core.launcher import on_device
 from ._core.layout import canon_sizes, canon_strides
 from ._core.loader import LRPE_ACTS, lrpe_vec_widths
@@ -329,7 +329,7 @@ def _gpu_backend_fused(backward, main, xinfo, out_info, cfg, offset, act, dim, b
             head_dim=d, rot_dim=d, copy_rest=False, pos=None, seq_off=None,
             inv_freq_ptr=inv_freq.data.ptr, freq_sh=d // 2 if cfg.per_head else 0,
             stream_map_ptr=0, scale=1.0, sin_sign=-1.0 if backward else 1.0,
-            act=code, backward_act=fused_x, aux=aux), device)
+            act=code, backward_act=fused_x, aux=aux, calls=LRPE_CALLS), device)
     stats = stats_ptr = None
     if code == LRPE_ACTS["softmax_seq"]:
         stats, stats_ptr = _scratch(main, (3 if backward else 2) * b * h * d)

@@ -274,3 +274,44 @@ def test_qknorm_fast_forward_runs_the_registered_plan_with_the_call_values(monke
     # another eps, or a k with another head count: the general path (the host backend here)
     res = qknorm.rope_qk_norm_forward(q, k, cfg, q_weight=w, positions=pos, eps=1e-5)
     assert len(plan.runs) == 1 and not torch.equal(res[0], q)
+
+
+@pytest.mark.parametrize("act,backward", [("none", False), ("none", True), ("silu", False),
+                                          ("silu", True), ("softmax", False)])
+def test_lrpe_launch_writes_its_call_values(monkeypatch, act, backward):
+    """cuprope.lrpe's GPU launch (the device stubbed: a recording kernel, no
+    driver): for every activation, both directions, the plan's per-call
+    words are x (or dO) in both input slots, the output in both output
+    slots, x of the fused backward, and the offset; a second call reuses the
+    cached plan with the new values."""
+    from cuprope import RopeConfig, lrpe
+    from cuprope._core import launcher as launcher_mod
+    from cuprope._core.arrays import describe
+    monkeypatch.setattr(driver.DRIVER, "_ok", False)
+    fn = FakeFunc()
+
+    class Modules:
+        def functions(self, device, family):
+            return {n: fn for n in __import__("cuprope")._core.loader.all_kernel_names(family)}
+    monkeypatch.setattr(launcher_mod, "MODULES", Modules())
+    monkeypatch.setattr(lrpe, "sm_count", lambda device: 132)
+    monkeypatch.setattr(lrpe.engine, "stream_handle", lambda stream, info: 55)
+    monkeypatch.setattr(lrpe.engine, "hand_back", lambda i, o, s: [o[0].obj])
+    monkeypatch.setattr(lrpe, "on_device", lambda device, f, *a: f(*a))
+
+    class Table:
+        class data:
+            ptr = 4096
+    monkeypatch.setattr(RopeConfig, "device_tables", lambda self, device: (Table, None))
+    cfg = RopeConfig(64, inv_freq=np.full(32, 0.1))
+    st = args.ROPE_ARGS
+    for offset in (3, 9):
+        x, do, out = (np.zeros((2, 4, 3, 64), np.float32) for _ in range(3))
+        main, xi, oi = describe(do if backward else x, "x"), describe(x, "x"), describe(out, "o")
+        lrpe._gpu_backend_fused(backward, main, xi, oi, cfg, offset, act, None, (2, 4, 3, 64))
+        w = struct.unpack("<" + "q" * st.n_words, fn.calls[-1][2][0])
+        assert w[st.slot("in_ptr0")] == w[st.slot("in_ptr1")] == main.ptr
+        assert w[st.slot("out_ptr0")] == w[st.slot("out_ptr1")] == oi.ptr
+        assert w[st.slot("aux_ptr")] == (xi.ptr if backward and act != "none" else 0)
+        assert w[st.slot("offset")] == offset and fn.calls[-1][4] == 55
+    assert len(cfg._launches.plans) == 1 and len(fn.calls) == 2

@@ -193,10 +193,11 @@ LRPE_CALLS = (("in_ptr0", 0, 0), ("in_ptr1", 0, 0), ("out_ptr0", 1, 0), ("out_pt
 
 def rope_spec(*, sms, dtype, interleaved, plans, n_batch, n_seq, head_dim, rot_dim,
               copy_rest, pos, seq_off, inv_freq_ptr, freq_sh, stream_map_ptr, scale, sin_sign,
-              act=0, backward_act=False, aux=None, table=None) -> LaunchSpec:
+              act=0, backward_act=False, aux=None, table=None, calls=ROPE_CALLS) -> LaunchSpec:
     """The LaunchSpec of one rope launch over one or two tensors (q and k) on
     a GPU of ``sms`` multiprocessors (no device is touched: the JAX lowering
-    plans too). Plan.run then takes ROPE_CALLS' values (LRPE: LRPE_CALLS').
+    plans too). Plan.run then takes ``calls``' values: ROPE_CALLS (the core,
+    the tables) or LRPE_CALLS (cuprope.lrpe, every activation).
 
     plans: TensorPlan per tensor (pointers only decide the vector width);
     pos: None or (is64, stride_stream, stride_b, stride_s); seq_off: None or is64.
@@ -265,7 +266,6 @@ def rope_spec(*, sms, dtype, interleaved, plans, n_batch, n_seq, head_dim, rot_d
         aux_sh=aux_strides[2], stats_plane=n_batch * heads[0] * head_dim, tok_tile=tile)
     key = (dtype, interleaved, vec, src, act, backward_act)
     family = family_of(act, src)
-    calls = LRPE_CALLS if lrpe else ROPE_CALLS
     align = vec * ITEMSIZE[dtype]
     pre = None
     if act == SOFTMAX_SEQ:
