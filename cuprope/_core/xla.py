@@ -10,7 +10,7 @@ flat parameter list can carry, so each instantiation also has a flat entry
 ``args.ROPE_ARGS``): the struct's ten pointers first, in XLA's buffer order,
 then its other 35 words in struct order. The launch is the same LaunchSpec
 the eager path plans (``launch.rope_spec``), turned into the flat call by
-``launcher.kernel_params``: every word is fixed here, at lowering time, from
+``launcher.flat_call``: every word is fixed here, at lowering time, from
 the avals and the static call; the pointers come from XLA when the program runs.
 """
 from __future__ import annotations
@@ -177,9 +177,9 @@ def kernel_call(name, *, grid, warps, smem, params, operands, operand_layouts, r
     the GPU's compute capability) on ``grid`` (3 ints) with blocks of
     ``warps`` warps in one dimension and ``smem`` bytes of dynamic shared
     memory. ``params``: ("array", align) / ("scalar", value, kind) in the
-    kernel's parameter
-    order, the array parameters taking ``operands`` then the results in
-    order. Everything is fixed here; XLA only supplies the buffers."""
+    kernel's parameter order, the array parameters taking ``operands`` then
+    the results in order. Everything is fixed here; XLA only supplies the
+    buffers."""
     from jax._src.interpreters import mlir as _mlir
     from jax._src.lib import gpu_triton as kc
     from jax._src.lib.mlir import ir
