@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
-import types
 
 import numpy as np
 
@@ -39,8 +38,9 @@ class LaunchSpec:
     ((buffer slot, value index, addend) per word written per call), ``flat``
     (the name expression of the kernel's flat entry for the jit lowering;
     None: the kernel's parameters are flat already), ``pre`` (a LaunchSpec
-    run first with the same words, or None) and ``vec`` (the pack width the
-    pointers' alignment allowed; the fast paths check new outputs against it)."""
+    run first with the same words, or None), ``vec`` (the pack width the
+    pointers' alignment allowed) and ``align`` (vec times the item size: the
+    byte alignment the fast paths check new outputs against)."""
 
     __slots__ = ("kernel", "family", "grid", "block", "smem", "params", "calls", "flat", "pre",
                  "vec", "align")
@@ -66,25 +66,21 @@ class LaunchSpec:
             base += len(raw) // 8
         raise KeyError(f"no launch field {role!r}")
 
-    def words(self) -> np.ndarray:
-        """Every parameter group's words in one int64 array (a copy)."""
-        return np.frombuffer(b"".join(raw for _, raw in self.params), dtype=np.int64).copy()
-
-
 # ---------------------------------------------------------------- eager (driver)
 
-_RUNNERS: dict = {}
+_PLAN_CLASSES: dict = {}
 
 
-def _runner(calls, has_pre):
-    """``Plan.run`` for one set of per-call words: the call's values as
-    positional parameters, the stores written out (no loop, no subscript on
-    the hot path), then the driver call inline (Plan.launch does the rest:
-    the first launch through CuPy, a changed stream, a driver error).
-    Values past those the calls use are accepted and ignored."""
+def _plan_class(calls, has_pre):
+    """The Plan subclass for one set of per-call words, whose ``run`` takes
+    the call's values as positional parameters, writes them out (no loop, no
+    subscript on the hot path) and makes the driver call inline
+    (Plan.launch does the rest: the first launch through CuPy, a changed
+    stream, a driver error). Values past those the calls use are accepted
+    and ignored."""
     key = (calls, has_pre)
-    fn = _RUNNERS.get(key)
-    if fn is None:
+    cls = _PLAN_CLASSES.get(key)
+    if cls is None:
         names = [f"v{i}" for i in range(1 + max((i for _, i, _ in calls), default=-1))]
         sig = ", ".join(["self", "stream_ptr"] + names + ["*rest"])
         lines = [f"def run({sig}):"]
@@ -97,8 +93,8 @@ def _runner(calls, has_pre):
                   "        self.launch(stream_ptr)"]
         ns: dict = {}
         exec("\n".join(lines), ns)  # noqa: S102 - source built above from integers only
-        fn = _RUNNERS[key] = ns["run"]
-    return fn
+        cls = _PLAN_CLASSES[key] = type("Plan", (Plan,), {"__slots__": (), "run": ns["run"]})
+    return cls
 
 
 class Plan:
@@ -110,8 +106,11 @@ class Plan:
     ``values`` and launches. A plan belongs to one thread (its buffer is
     reused; the driver copies kernel arguments at launch)."""
 
-    __slots__ = ("device", "func", "grid", "block", "smem", "words", "align", "pre", "run",
-                 "_raw", "_groups", "_addrs", "bound")
+    __slots__ = ("device", "func", "grid", "block", "smem", "words", "align", "pre", "_raw",
+                 "_groups", "_addrs", "bound")
+
+    def __new__(cls, device, func, spec, pre=None):
+        return object.__new__(_plan_class(spec.calls, pre is not None))
 
     def __init__(self, device, func, spec, pre=None):
         self.device, self.func = device, func
@@ -133,7 +132,6 @@ class Plan:
             off += len(b)
         self._groups, self._addrs = tuple(groups), tuple(addrs)
         self.bound = None
-        self.run = types.MethodType(_runner(spec.calls, pre is not None), self)
 
     def _cupy_args(self):
         out = []
