@@ -6,6 +6,7 @@ import weakref
 
 import numpy as np
 
+from ._core.launcher import LaunchCache
 from ._core.layout import LAYOUTS
 from .reference import default_inv_freq
 
@@ -47,7 +48,7 @@ class RopeConfig:
 
     __slots__ = ("rotary_dim", "interleaved", "layout", "scale", "inv_freq",
                  "stream_map", "n_streams", "_device_tables", "angle_rows", "angle_tables",
-                 "_plans", "key", "__weakref__")
+                 "_launches", "key", "__weakref__")
 
     def __init__(self, rotary_dim: int, *, base: float = 10000.0, inv_freq=None,
                  interleaved: bool = False, layout: str = "bshd", scale: float = 1.0,
@@ -99,7 +100,7 @@ class RopeConfig:
         self._device_tables = {}
         self.angle_rows = 0      # cache_angles: positions with a float32 cos/sin table
         self.angle_tables = {}  # device -> that table (cuprope._core.kvlaunch.angle_table)
-        self._plans = {}  # launch plans, by call signature (cuprope/_core/engine.py, lrpe.py)
+        self._launches = LaunchCache()  # plans and fast-path entries (cuprope/_core/launcher.py)
         self.key = next(_KEYS)  # stable integer handle (custom ops pass configs by key)
         _REGISTRY[self.key] = self
 
@@ -144,7 +145,7 @@ class RopeConfig:
             raise ValueError(f"max_position must be in [0, 2**31], got {max_position}")
         self.angle_rows = int(max_position)
         self.angle_tables = {}
-        self._plans.clear()  # cached launches may hold the old table's address
+        self._launches.clear()  # cached launches may hold the old table's address
         return self
 
     def __repr__(self):

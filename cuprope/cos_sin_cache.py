@@ -34,7 +34,8 @@ import numpy as np
 from . import kvcache_reference as kref
 from ._core import engine, fastpath, validate
 from ._core.arrays import describe, overlaps
-from ._core.kvlaunch import angle_table, pick_kv_vec, plan_kv
+from ._core import launcher
+from ._core.kvlaunch import angle_table, kv_spec, pick_kv_vec
 from ._core.loader import KV_COS_SIN_F32, KV_COS_SIN_T
 from .config import RopeConfig
 from .kvcache_arrays import index_info, np_view, to_host
@@ -46,7 +47,7 @@ __all__ = ["build_cos_sin_cache", "rotary_embedding"]
 # The fast path's launches (cuprope/_core/fastpath.py), by call signature;
 # rotary_embedding's arrays are (positions, query, key, cos_sin_cache), and
 # the general path checks query against key for overlap.
-_PLANS: dict = {}
+_LAUNCHES = launcher.LaunchCache()
 _PAIRS = ((1, 2),)
 
 
@@ -90,7 +91,7 @@ def _rotate(positions, query, key, head_size, cos_sin_cache, is_neox, check, str
     fast = not check and stream is None and type(head_size) is int and type(is_neox) is bool
     if fast:
         header = ("cs", fastpath.get_ident(), head_size, is_neox)
-        if fastpath.fast_call(_PLANS, fastpath.adapter_of(query), header, arrays):
+        if fastpath.fast_call(_LAUNCHES.fast, fastpath.adapter_of(query), header, arrays):
             return query, key
     if isinstance(head_size, bool) or not isinstance(head_size, (int, np.integer)) \
             or head_size <= 0:
@@ -149,16 +150,16 @@ def _rotate(positions, query, key, head_size, cos_sin_cache, is_neox, check, str
                 sin_sign=1.0)
     kv = dict(cs_ptr=ci.ptr, cs_st=ci.strides[0], cs_rows=ci.shape[0])
     src = KV_COS_SIN_F32 if ci.dtype == "float32" else KV_COS_SIN_T
-    patches = [("pos_ptr", 0, 0), ("in_ptr0", 1, 0), ("out_ptr0", 1, 0), ("cs_ptr", 3, 0)]
+    calls = [("pos_ptr", 0, 0), ("in_ptr0", 1, 0), ("out_ptr0", 1, 0), ("cs_ptr", 3, 0)]
     if ki is not None:
-        patches += [("in_ptr1", 2, 0), ("out_ptr1", 2, 0)]
-    plan = plan_kv(qi.device, dtype=qi.dtype, interleaved=not is_neox, vec=vec, src=src, fp8=0,
-                   rope=rope, kv=kv, patches=patches)
+        calls += [("in_ptr1", 2, 0), ("out_ptr1", 2, 0)]
+    plan = launcher.plan(kv_spec(qi.device, dtype=qi.dtype, interleaved=not is_neox, vec=vec,
+                                 src=src, fp8=0, rope=rope, kv=kv, calls=calls), qi.device)
     stream_ptr = engine.stream_handle(stream, qi)
-    engine.on_device(qi.device, plan.run_patched, stream_ptr, [pi.ptr, qi.ptr, kp, ci.ptr])
+    launcher.on_device(qi.device, plan.run, stream_ptr, pi.ptr, qi.ptr, kp, ci.ptr)
     if fast:
-        fastpath.remember(_PLANS, fastpath.ticket(fastpath.fast_adapter(qi.kind), header, arrays,
-                                                  _PAIRS),
+        tkt = fastpath.ticket(fastpath.fast_adapter(qi.kind), header, arrays, _PAIRS)
+        fastpath.remember(_LAUNCHES.fast, tkt,
                           [None, fastpath.span(qi), fastpath.span(ki), None], plan)
     return query, key
 

@@ -43,7 +43,7 @@ from jax.extend.core import Primitive
 from jax.interpreters import batching, mlir
 
 from . import qknorm
-from ._core import jax_sharding, loader, xla
+from ._core import jax_sharding, launcher, xla
 from ._core import qknorm_launch as ql
 from ._core.jax_common import (NOT_MAPPED, batch_size_and_front, host_lowering, map_each,
                                reduce_to, static_offset, varying_axes, with_varying,
@@ -153,30 +153,13 @@ def _host_call(call, *arrays):
 
 # ---------------------------------------------------------------- GPU lowering
 
-@dataclasses.dataclass(frozen=True)
-class KernelLaunch:
-    """One kernel call of a lowering: ``name`` (a name expression), ``grid``,
-    ``warps`` per block, ``smem`` dynamic shared bytes, ``params``
-    (``xla.array_param`` / ``xla.scalar_param`` in the kernel's parameter
-    order), ``operands`` (("operand", i): the primitive's operand i;
-    ("constant", array): a host table; ("part",): the first launch's partial
-    rows) and ``results`` (shape, dtype) in order."""
-
-    name: str
-    grid: tuple
-    warps: int
-    smem: int
-    params: tuple
-    operands: tuple
-    results: tuple
-
-
-def launch_plan(call: QkNormStatic, avals, sms: int) -> list[KernelLaunch]:
+def launch_plan(call: QkNormStatic, avals, sms: int) -> list[launcher.FlatCall]:
     """The kernel calls that run ``call`` on operands of ``avals`` on a GPU
-    of ``sms`` multiprocessors: the QK-norm kernel's flat entry (results: the
-    two outputs, then, backward with a weight, the float32 partial rows), then
-    one ``qknorm_dw_kernel`` per weight. No jaxlib involved: tests build it on
-    the CPU."""
+    of ``sms`` multiprocessors, the eager path's LaunchSpecs
+    (``cuprope._core.qknorm_launch``) as flat calls: the QK-norm kernel's
+    flat entry (results: the two outputs, then, backward with a weight, the
+    float32 partial rows), then one ``qknorm_dw_kernel`` per weight. No
+    jaxlib involved: tests build it on the CPU."""
     infos = [xla.AvalInfo(a) for a in avals]
     c = call.library_call(infos)
     a = call.split(range(len(avals)))  # operand indices by name
@@ -189,61 +172,37 @@ def launch_plan(call: QkNormStatic, avals, sms: int) -> list[KernelLaunch]:
                "x_ptr1": a["k"] if call.backward else None,
                "pos_ptr": a["cos"] if call.has_tables else a["pos"],
                "seq_off_ptr": a["sin"] if call.has_tables else a["seq"],
-               "w_ptr0": a["qw"], "w_ptr1": a["kw"],
-               "inv_freq_ptr": None if call.has_tables else cfg.inv_freq,
-               "stream_map_ptr": cfg.stream_map}
+               "w_ptr0": a["qw"], "w_ptr1": a["kw"]}
+    sources = {r: ("operand", i) for r, i in sources.items() if i is not None}
+    if not call.has_tables:
+        sources["inv_freq_ptr"] = ("constant", cfg.inv_freq)
+    if cfg.stream_map is not None:
+        sources["stream_map_ptr"] = ("constant", cfg.stream_map)
     outputs = ("out_ptr0", "out_ptr1") + (("part_ptr",) if geo.part_cols else ())
+    sources.update({r: "out" for r in outputs})
     vector = {"in_ptr0", "in_ptr1", "x_ptr0", "x_ptr1", "out_ptr0", "out_ptr1"}
-    align = geo.vec * np.dtype(avals[0].dtype).itemsize
-    params, operands = [], []
-    for role in ql.FLAT_POINTERS:
-        src = sources.get(role)
-        if src is None and role not in outputs:
-            params.append(xla.scalar_param(0, "u64"))
-            continue
-        params.append(xla.array_param(align if role in vector else
-                                      8 if role == "inv_freq_ptr" else 0))
-        if role not in outputs:
-            operands.append(("operand", src) if isinstance(src, int) else ("constant", src))
-    fields = ql.struct_fields(c, ins, ins, geo, inv_freq_ptr=0, stream_map_ptr=0, part_ptr=0)
-    params += [xla.scalar_param(w) for w in ql.flat_words(ql.pack(fields))]
+    align = {r: geo.vec * np.dtype(avals[0].dtype).itemsize if r in vector else
+             8 if r == "inv_freq_ptr" else 0 for r in sources}
     results = [(tuple(x.shape), np.dtype(x.dtype)) for x in avals[:2]]
     if geo.part_cols:
         results.append(((geo.part_rows * geo.part_cols,), np.dtype(np.float32)))
-    plan = [KernelLaunch(geo.flat_name, (geo.blocks, 1, 1), ql.WARPS, geo.smem, tuple(params),
-                         tuple(operands), tuple(results))]
-    for i, blocks, scalars, _ in (ql.dw_launches(c, geo) if call.backward else ()):
+    spec = ql.spec(c, ins, ins, geo, inv_freq_ptr=0, stream_map_ptr=0, part_ptr=0)
+    plan = [launcher.flat_call(spec, sources, align, results=results)]
+    dw_dtype = "float32" if call.dw_f32 else None
+    for i, dw in (ql.dw_specs(c, geo, out_dtype=dw_dtype) if call.backward else ()):
         w = avals[a["qw" if i == 0 else "kw"]]
-        out_dtype = np.dtype(np.float32 if call.dw_f32 else w.dtype)
-        params = ((xla.array_param(),) + tuple(xla.scalar_param(v) for v in scalars)
-                  + (xla.array_param(), xla.scalar_param(ql.W_DTYPE[out_dtype.name])))
-        plan.append(KernelLaunch(loader.QKNORM_DW_KERNEL, (blocks, 1, 1), ql.WARPS, 0, params,
-                                 (("part",),), ((tuple(w.shape), out_dtype),)))
+        plan.append(launcher.flat_call(dw, {"part_ptr": ("part",), "out_ptr": "out"},
+                                       results=[(tuple(w.shape),
+                                                 np.dtype(dw_dtype or w.dtype))]))
     return plan
 
 
 def _lower_cuda(ctx, *ins, call):
     plan = launch_plan(call, ctx.avals_in, xla.sm_count())
     part, results = None, []
-    for launch in plan:
-        operands, layouts = [], []
-        for ref in launch.operands:
-            if ref[0] == "operand":
-                operands.append(ins[ref[1]])
-                layouts.append(xla.layout_of(ctx.avals_in[ref[1]]))
-            elif ref[0] == "constant":
-                op, lay = xla.constant_operand(ref[1])
-                operands.append(op)
-                layouts.append(lay)
-            else:
-                operands.append(part)
-                layouts.append([0])
-        out = xla.kernel_call(launch.name, grid=launch.grid, warps=launch.warps,
-                              smem=launch.smem, params=launch.params, operands=operands,
-                              operand_layouts=layouts,
-                              result_avals=[jax.core.ShapedArray(s, d)
-                                            for s, d in launch.results])
-        if part is None and len(launch.results) == 3:
+    for fc in plan:
+        out = xla.emit(ctx, ins, fc, part)
+        if part is None and len(fc.results) == 3:
             part = out[2]
             out = out[:2]
         results += list(out)

@@ -57,7 +57,8 @@ import numpy as np
 from . import kvcache_reference as kref
 from ._core import engine, fastpath, validate
 from ._core.arrays import describe, overlaps
-from ._core.kvlaunch import angle_table, copy_packs, pick_kv_vec, plan_kv
+from ._core import launcher
+from ._core.kvlaunch import angle_table, copy_packs, kv_spec, pick_kv_vec
 from ._core.loader import KV_ANGLES, KV_FP8_CACHE, KV_FP8_Q
 from .config import RopeConfig
 from .kvcache_arrays import index_info, np_view, to_host, token_geometry
@@ -182,7 +183,7 @@ def _append(q, k, v, config, positions, k_cache, v_cache, kv_cache, kv_layout, s
     fast = not check and stream is None and type(kv_layout) is str
     if fast:
         header = ("kv", fastpath.get_ident(), kv_layout)
-        if fastpath.fast_call(config._plans, fastpath.adapter_of(q), header, arrays):
+        if fastpath.fast_call(config._launches.fast, fastpath.adapter_of(q), header, arrays):
             return q if q_out is None else q_out
     qi, ki, vi = describe(q, "q"), describe(k, "k"), describe(v, "v")
     geo = {}
@@ -242,10 +243,10 @@ def _append(q, k, v, config, positions, k_cache, v_cache, kv_cache, kv_layout, s
     ptrs = [0 if a is None else i.ptr for a, i in zip(arrays, _by_index(
         qi, ki, vi, pos, kc, vc, kv_cache is not None, addr, qo if q_out is not None else None,
         scales))]
-    engine.on_device(dev, plan.run_patched, stream_ptr, ptrs)
+    launcher.on_device(dev, plan.run, stream_ptr, *ptrs)
     if fast:
-        fastpath.remember(config._plans, fastpath.ticket(fastpath.fast_adapter(qi.kind), header,
-                                                         arrays, _PAIRS), spans, plan)
+        tkt = fastpath.ticket(fastpath.fast_adapter(qi.kind), header, arrays, _PAIRS)
+        fastpath.remember(config._launches.fast, tkt, spans, plan)
     return engine.hand_back([qi], [qo], stream_ptr)[0]
 
 
@@ -363,8 +364,8 @@ def _host_append(config, qi, ki, vi, qo, pos, kc, vc, kv_layout, pages, page_siz
 
 
 def _gpu_append(config, qi, ki, vi, qo, pos, cache, addr, scales):
-    """The launch (a PackedLaunch whose pointer fields ``run_patched`` fills
-    from the pointers of rope_append_kv's ``arrays``) and the spans of those
+    """The launch (a launcher.Plan whose per-call words ``run`` fills from
+    the pointers of rope_append_kv's ``arrays``) and the spans of those
     arrays (fastpath.span)."""
     geo, kc, vc, kloc, vloc, pages, page_size = cache
     b, s, hq, d, qst = geo["q"]
@@ -410,15 +411,16 @@ def _gpu_append(config, qi, ki, vi, qo, pos, cache, addr, scales):
     combined = vc is None
     by_index = _by_index(qi, ki, vi, pos, kc, vc, combined, addr, qo if qo is not qi else None,
                          scales)
-    patches = [("in_ptr0", _Q, 0), ("in_ptr1", _K, 0), ("out_ptr0", _Q if qo is qi else _QO, 0),
+    calls = [("in_ptr0", _Q, 0), ("in_ptr1", _K, 0), ("out_ptr0", _Q if qo is qi else _QO, 0),
                ("pos_ptr", _POS, 0), ("v_ptr", _V, 0)]
     if combined:
-        patches += [("k_cache", _KV, 0), ("v_cache", _KV, vloc[0] - kloc[0])]
+        calls += [("k_cache", _KV, 0), ("v_cache", _KV, vloc[0] - kloc[0])]
     else:
-        patches += [("k_cache", _KC, 0), ("v_cache", _VC, 0)]
+        calls += [("k_cache", _KC, 0), ("v_cache", _VC, 0)]
     fields = {"slot_ptr": _SLOT, "batch_ptr": _BI, "cpos_ptr": _CP, "indices_ptr": _IDX,
               "indptr_ptr": _IPTR, "q_scale": _QS, "k_scale": _KS, "v_scale": _VS}
-    patches += [(f, i, 0) for f, i in fields.items() if by_index[i] is not None]
-    plan = plan_kv(qi.device, dtype=qi.dtype, interleaved=config.interleaved, vec=vec,
-                   src=KV_ANGLES, fp8=fp8, rope=rope, kv=kv, patches=patches)
+    calls += [(f, i, 0) for f, i in fields.items() if by_index[i] is not None]
+    plan = launcher.plan(kv_spec(qi.device, dtype=qi.dtype, interleaved=config.interleaved,
+                                 vec=vec, src=KV_ANGLES, fp8=fp8, rope=rope, kv=kv, calls=calls),
+                         qi.device)
     return plan, [fastpath.span(i) for i in by_index]

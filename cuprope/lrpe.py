@@ -57,7 +57,8 @@ import numpy as np
 from ._core import engine, host, validate
 from ._core.arrays import describe, empty_like, wrap_like
 from ._core.cache import ConfigCache
-from ._core.launch import TensorPlan, make_plan, pick_vec
+from ._core.launch import LRPE_CALLS, TensorPlan, pick_vec, rope_spec, sm_count
+from ._core.launcher import on_device
 from ._core.layout import canon_sizes, canon_strides
 from ._core.loader import LRPE_ACTS, lrpe_vec_widths
 from .config import RopeConfig, host_array
@@ -190,7 +191,7 @@ def _strides(info):
 
 
 # RopeConfig per θ table: it keeps the device copy of the padded table and the
-# launch plans. Keyed by the table's bytes.
+# launches (RopeConfig._launches). Keyed by the table's bytes.
 _CONFIGS = ConfigCache(64)
 
 
@@ -341,22 +342,21 @@ def _gpu_backend_fused(backward, main, xinfo, out_info, cfg, offset, act, dim, b
     key = ("L", threading.get_ident(), backward, code, device, main.dtype, (b, n, h, d),
            ms, main.ptr % 16, os_, out_info.ptr % 16,
            None if xs is None else (xs, xinfo.ptr % 16))
-    plan = cfg._plans.get(key)
+    plan = cfg._launches.plans.get(key)
     if plan is None:
         inv_freq, _ = cfg.device_tables(device)
         aux = TensorPlan(xinfo.ptr, xinfo.ptr, xs, xs, h) if fused_x else None
-        plan = make_plan(
-            device=device, dtype=main.dtype, interleaved=False,
+        plan = cfg._launches.get(key, lambda: rope_spec(
+            sms=sm_count(device), dtype=main.dtype, interleaved=False,
             plans=[TensorPlan(main.ptr, out_info.ptr, ms, os_, h)], n_batch=b, n_seq=n,
             head_dim=d, rot_dim=d, copy_rest=False, pos=None, seq_off=None,
             inv_freq_ptr=inv_freq.data.ptr, freq_sh=d // 2 if cfg.per_head else 0,
             stream_map_ptr=0, scale=1.0, sin_sign=-1.0 if backward else 1.0,
-            act=code, backward_act=fused_x, aux=aux)
-        cfg._plans[key] = plan
+            act=code, backward_act=fused_x, aux=aux, calls=LRPE_CALLS), device)
     stats = stats_ptr = None
     if code == LRPE_ACTS["softmax_seq"]:
         stats, stats_ptr = _scratch(main, (3 if backward else 2) * b * h * d)
-    engine.on_device(device, plan.run_lrpe, stream_ptr, main.ptr, out_info.ptr,
-                     xinfo.ptr if fused_x else 0, stats_ptr or 0, offset)
+    on_device(device, plan.run, stream_ptr, main.ptr, out_info.ptr, xinfo.ptr if fused_x else 0,
+              stats_ptr or 0, offset)
     del stats  # the framework's allocator orders its reuse after the launch on this stream
     return engine.hand_back([main], [out_info], stream_ptr)[0]

@@ -50,12 +50,10 @@ import numpy as np
 
 from . import qknorm_reference as qref
 from . import reference
-from ._core import engine, host, qknorm_launch, validate
+from ._core import engine, fastpath, host, launcher, qknorm_launch, validate
 from ._core.arrays import describe, empty_like, overlaps, wrap_like
-from ._core.driver import Stream
 from ._core.launch import sm_count
 from ._core.layout import canon_sizes, to_canon
-from ._core.loader import MODULES, QKNORM_DW_KERNEL
 from .config import RopeConfig
 from .torch_guard import engaged
 
@@ -64,9 +62,6 @@ __all__ = ["rope_qk_norm_forward", "rope_qk_norm_backward", "QkNormCall"]
 NORMS = ("rms", "l2")
 ORDERS = ("norm_then_rope", "rope_then_norm")
 NORM_OVER = ("head", "token")
-# The struct's host mirror, kept importable from here (cuprope/_core/qknorm_launch.py)
-ARGS_EXTRA_FIELDS, ARGS_EXTRA = qknorm_launch.ARGS_EXTRA_FIELDS, qknorm_launch.ARGS_EXTRA
-W_DTYPE = qknorm_launch.W_DTYPE
 
 
 def rope_qk_norm_forward(q, k, config, *, q_weight=None, k_weight=None, eps=1e-6, norm="rms",
@@ -74,7 +69,10 @@ def rope_qk_norm_forward(q, k, config, *, q_weight=None, k_weight=None, eps=1e-6
                          rounding="exact", tables=None, positions=None, offset=0,
                          seq_offsets=None, out=None, inplace=False, stream=None):
     """(q_out, k_out): q and k normalised and rotated (module docstring).
-    ``out=(q_out, k_out)`` or ``inplace=True`` as in ``rope_qk_forward``."""
+    ``out=(q_out, k_out)`` or ``inplace=True`` as in ``rope_qk_forward``.
+
+    A repeated call (no out=, no stream=) whose arrays and settings match a
+    previous validated call's reuses its launch (cuprope/_core/fastpath.py)."""
     kw = dict(q_weight=q_weight, k_weight=k_weight, eps=eps, norm=norm,
               weight_offset=weight_offset, order=order, norm_over=norm_over, rounding=rounding,
               tables=tables, positions=positions, offset=offset, seq_offsets=seq_offsets)
@@ -89,6 +87,20 @@ def rope_qk_norm_forward(q, k, config, *, q_weight=None, k_weight=None, eps=1e-6
 
 def _forward(q, k, config, out, inplace, stream, *, q_weight, k_weight, eps, norm,
              weight_offset, order, norm_over, rounding, tables, positions, offset, seq_offsets):
+    # tables exclude positions, seq_offsets and an offset (the key covers only the tables)
+    fast = (out is None and stream is None and isinstance(config, RopeConfig)
+            and (tables is None or (isinstance(tables, (tuple, list)) and len(tables) == 2
+                                    and positions is None and seq_offsets is None
+                                    and type(offset) is int and offset == 0)))
+    tkt = None
+    if fast:
+        header, arrays = fast_signature(q, k, q_weight, k_weight, eps, norm, weight_offset,
+                                        order, norm_over, rounding, tables, positions,
+                                        seq_offsets, inplace)
+        if config._launches.fast:
+            res = _fast_forward(config, header, arrays, offset, inplace)
+            if res is not None:
+                return res
     c = QkNormCall.of(q, k, None, None, config, q_weight, k_weight, eps, norm, weight_offset,
                       order, norm_over, rounding, tables, positions, offset, seq_offsets)
     out_infos = validate.output_infos(c.infos, ("q", "k"), validate.pair(out), inplace)
@@ -97,7 +109,55 @@ def _forward(q, k, config, out, inplace, stream, *, q_weight, k_weight, eps, nor
         return engine.empty_result(c.infos, out_infos)
     if c.device < 0:
         return c.host_forward(out_infos)
-    return c.gpu(out_infos, stream, backward=False)[:2]
+    if fast:
+        tkt = fastpath.ticket(fastpath.fast_adapter(c.infos[0].kind), header, arrays,
+                              _INPLACE_PAIRS if inplace else ())
+    return c.gpu(out_infos, stream, backward=False, ticket=tkt)[:2]
+
+
+# The arrays a fast-path key covers: q, k, the weights, positions and
+# seq_offsets (or cos and sin); in place, q and k are written while all of
+# them are read (the general path checks those overlaps).
+_INPLACE_PAIRS = tuple((i, j) for i in (0, 1) for j in range(i + 1, 6))
+
+
+def fast_signature(q, k, q_weight, k_weight, eps, norm, weight_offset, order, norm_over,
+                   rounding, tables, positions, seq_offsets, inplace):
+    """(header, arrays) of a forward's fast-path key: the settings (types too,
+    so True never passes for 1) and the arrays it covers."""
+    header = ("qkn", fastpath.get_ident(), type(eps), eps, norm, type(weight_offset),
+              weight_offset, order, norm_over, rounding, tables is None, bool(inplace))
+    return header, (q, k, q_weight, k_weight) + (
+        (positions, seq_offsets) if tables is None else tuple(tables))
+
+
+def _fast_forward(config, header, arrays, offset, inplace):
+    """(q_out, k_out) of a forward whose launch was registered before, or None."""
+    if type(offset) is not int or not -validate.MAX_POSITION <= offset <= validate.MAX_POSITION:
+        return None
+    fw = fastpath.adapter_of(arrays[0])
+    if fw is None:
+        return None
+    tkt = fastpath.ticket(fw, header, arrays)
+    if tkt is None:
+        return None
+    try:
+        plan = fastpath.lookup(config._launches.fast, tkt[0], tkt[1], fw[4])
+    except TypeError:  # an unhashable setting: the general path says what is wrong
+        return None
+    if plan is None:
+        return None
+    p = tkt[1]
+    if inplace:
+        res = arrays[:2]
+        o0, o1 = p[0], p[1]
+    else:
+        res = (fw[2](arrays[0]), fw[2](arrays[1]))
+        o0, o1 = fw[1](res[0]), fw[1](res[1])
+        if (o0 | o1) % plan.align:
+            return None
+    plan.run(fw[3](plan.device), p[0], p[1], o0, o1, p[2], p[3], p[4], p[5], offset)
+    return res
 
 
 def rope_qk_norm_backward(q, k, grad_q, grad_k, config, *, q_weight=None, k_weight=None,
@@ -324,10 +384,11 @@ class QkNormCall:
         return host.finish(self.ginfos, out_infos, dxs, self.layout) + tuple(dws)
 
     # ------------------------------------------------------------ GPU
-    def gpu(self, out_infos, stream, backward):
+    def gpu(self, out_infos, stream, backward, ticket=None):
         """Launch qknorm_rows_kernel (the fast path) or qknorm_kernel, and,
-        backward with weights, the weight gradients' reduction, as
-        ``cuprope._core.qknorm_launch`` lays them out."""
+        backward with weights, the weight gradients' reduction, through the
+        launcher (``cuprope._core.qknorm_launch`` states the launches);
+        register the kernel's plan for the fast path under ``ticket``."""
         ql = qknorm_launch
         ins = self.ginfos if backward else self.infos
         stream_ptr = engine.stream_handle(stream, self.infos[0])
@@ -335,33 +396,33 @@ class QkNormCall:
         geo = ql.geometry(self, ins, out_infos, backward, sm_count(self.device))
         part = ql.workspace(self.device, stream_ptr, geo.part_rows * geo.part_cols) if (
             geo.part_cols) else None
+        part_ptr = 0 if part is None else part.data.ptr
         inv_freq, smap = self.config.device_tables(self.device)
-        raw = ql.pack(ql.struct_fields(
-            self, ins, out_infos, geo, inv_freq_ptr=inv_freq.data.ptr,
-            stream_map_ptr=0 if smap is None else smap.data.ptr,
-            part_ptr=0 if part is None else part.data.ptr))
-        fns = MODULES.functions(self.device, "qknorm")
-        buf = np.frombuffer(bytearray(raw), dtype=np.dtype([("raw", np.uint8, (len(raw),))]))
-
-        def launch():
-            fns[geo.kernel_name]((geo.blocks, 1, 1), (ql.THREADS, 1, 1), (buf,),
-                                 shared_mem=geo.smem, stream=Stream(stream_ptr))
-        engine.on_device(self.device, launch)
-        dws = self._reduce(fns, part, geo, stream_ptr) if backward else [None, None]
+        plan = launcher.plan(ql.spec(self, ins, out_infos, geo, inv_freq_ptr=inv_freq.data.ptr,
+                                     stream_map_ptr=0 if smap is None else smap.data.ptr,
+                                     part_ptr=part_ptr), self.device)
+        idx = ((self.tables[0].ptr, self.tables[1].ptr) if self.tables else
+               tuple(0 if i is None else i.ptr for i in (self.pos_info, self.seq_info)))
+        values = (ins[0].ptr, ins[1].ptr, out_infos[0].ptr, out_infos[1].ptr,
+                  *(0 if w is None else w.ptr for w in self.winfos), *idx, self.offset,
+                  self.infos[0].ptr, self.infos[1].ptr, part_ptr)
+        launcher.on_device(self.device, plan.run, stream_ptr, *values)
+        if ticket is not None:
+            spans = [fastpath.span(i) for i in (*self.infos, *self.winfos)] + (
+                [fastpath.span(t) for t in self.tables[:2]] if self.tables else
+                [fastpath.span(self.pos_info), fastpath.span(self.seq_info)])
+            fastpath.remember(self.config._launches.fast, ticket, spans, plan)
+        dws = self._reduce(part_ptr, geo, stream_ptr) if backward else [None, None]
         outs = engine.hand_back(ins, out_infos, stream_ptr)
         return outs + tuple(dws)
 
-    def _reduce(self, fns, part, geo, stream_ptr):
+    def _reduce(self, part_ptr, geo, stream_ptr):
         dws = [None, None]
-        for i, blocks, (rows, stride, col0, cols), w_dtype in qknorm_launch.dw_launches(
-                self, geo):
-            w = self.winfos[i]
-            dw = empty_like(w)
-            vals = [np.int64(v) for v in (part.data.ptr, rows, stride, col0, cols,
-                                          describe(dw, "dw").ptr, w_dtype)]
-            engine.on_device(self.device, lambda v=vals, n=blocks: fns[QKNORM_DW_KERNEL](
-                (n, 1, 1), (qknorm_launch.THREADS, 1, 1), tuple(v), stream=Stream(stream_ptr)))
-            dws[i] = wrap_like(w, dw)
+        outs = [None if w is None else empty_like(w) for w in self.winfos]
+        ptrs = [0 if o is None else describe(o, "dw").ptr for o in outs]
+        for i, spec in qknorm_launch.dw_specs(self, geo, part_ptr=part_ptr, out_ptrs=ptrs):
+            launcher.on_device(self.device, launcher.plan(spec, self.device).run, stream_ptr)
+            dws[i] = wrap_like(self.winfos[i], outs[i])
         if self.infos[0].kind == "jax":
             import cupy
             cupy.cuda.runtime.streamSynchronize(stream_ptr)

@@ -36,7 +36,8 @@ import threading
 from . import reference
 from ._core import engine, fastpath, host, validate
 from ._core.arrays import describe, overlaps
-from ._core.launch import make_plan
+from ._core.launch import rope_spec, sm_count
+from ._core.launcher import LaunchCache
 from ._core.layout import LAYOUTS, to_canon
 from .torch_guard import engaged
 
@@ -91,12 +92,12 @@ def _guarded(name, xs, names, cos, sin, layout, interleaved, inverse, outs, inpl
 
 
 class _TableSource:
-    """The owner of table calls' launch plans (one per layout and pairing),
+    """The owner of table calls' launches (one per layout and pairing),
     where core calls keep theirs on the RopeConfig."""
 
     def __init__(self, layout, interleaved):
         self.layout, self.interleaved = layout, interleaved
-        self._plans: dict = {}
+        self._launches = LaunchCache()
 
 
 _SOURCES = {(lay, il): _TableSource(lay, il) for lay in LAYOUTS for il in (False, True)}
@@ -156,16 +157,11 @@ def _gpu_backend(src, infos, out_infos, cinfo, sinfo, tstrides, r, inverse, bsd,
             cinfo.ptr % 16, sinfo.ptr % 16,
             tuple((i.dtype, tuple(i.shape), i.strides, i.ptr % 16) for i in infos),
             tuple((o.strides, o.ptr % 16) for o in out_infos))
-    entry = src._plans.get(gkey)
-    if entry is None:
-        plan = make_plan(
-            device=device, dtype=infos[0].dtype, interleaved=src.interleaved,
-            plans=engine.tensor_plans(infos, out_infos, src.layout), n_batch=b, n_seq=s,
-            head_dim=d, rot_dim=r, copy_rest=copy_rest, pos=None, seq_off=None, inv_freq_ptr=0,
-            freq_sh=0, stream_map_ptr=0, scale=1.0, sin_sign=-1.0 if inverse else 1.0,
-            table=(cinfo.ptr, sinfo.ptr) + tstrides)
-        src._plans[gkey] = (plan, None)
-    else:
-        plan = entry[0]
+    plan = src._launches.get(gkey, lambda: rope_spec(
+        sms=sm_count(device), dtype=infos[0].dtype, interleaved=src.interleaved,
+        plans=engine.tensor_plans(infos, out_infos, src.layout), n_batch=b, n_seq=s,
+        head_dim=d, rot_dim=r, copy_rest=copy_rest, pos=None, seq_off=None, inv_freq_ptr=0,
+        freq_sh=0, stream_map_ptr=0, scale=1.0, sin_sign=-1.0 if inverse else 1.0,
+        table=(cinfo.ptr, sinfo.ptr) + tstrides), device)
     return engine.run_plan(plan, src, infos, out_infos, stream_ptr, cinfo.ptr,
                            sinfo.ptr, 0, cache_key)

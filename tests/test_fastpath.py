@@ -1,5 +1,5 @@
 """The fast paths' host machinery without a GPU (cuprope/_core/fastpath.py,
-driver.PackedLaunch, driver.LaunchConfig): signature keys of torch tensors
+launcher.Plan, driver.LaunchConfig): signature keys of torch tensors
 (CPU tensors let in with min_device=-1), overlap windows and their variants,
 the lookup, and pointer patching of packed argument structs."""
 import ctypes
@@ -8,7 +8,7 @@ import struct
 import numpy as np
 import pytest
 
-from cuprope._core import args, driver, fastpath, kvlaunch, launch
+from cuprope._core import args, driver, fastpath, launch, launcher
 
 torch = pytest.importorskip("torch", reason="needs torch: pip install torch")
 
@@ -64,7 +64,7 @@ class Payload:
     def __init__(self, device=0):
         self.device, self.runs = device, []
 
-    def run_patched(self, stream, ptrs):
+    def run(self, stream, *ptrs):
         self.runs.append((stream, list(ptrs)))
 
 
@@ -149,26 +149,27 @@ class FakeFunc:
                            stream.ptr))
 
 
-def test_packed_launch_patches_pointers_into_both_structs(monkeypatch):
-    """run_patched writes ptrs[i] + addend into RopeArgs and KvArgs slots and
-    leaves every other field as packed."""
+def test_plan_run_writes_per_call_words_into_both_structs(monkeypatch):
+    """Plan.run writes values[i] + addend into RopeArgs and KvArgs words (the
+    spec's calls, fields of either struct by name) and leaves every other
+    field as packed."""
     monkeypatch.setattr(driver.DRIVER, "_ok", False)   # no driver: every launch through func
     ra = args.pack_args(heads=(32, 8), head_dim=128, scale=0.5)
     ka = args.pack_kv_args(page_size=16, num_pages=7)
-    patches = [("in_ptr0", 0, 0), ("in_ptr1", 1, 0), ("pos_ptr", 2, 0), ("k_cache", 3, 0),
-               ("v_cache", 3, 4096), ("k_scale", 4, 0)]
+    calls = [("in_ptr0", 0, 0), ("in_ptr1", 1, 0), ("pos_ptr", 2, 0), ("k_cache", 3, 0),
+             ("v_cache", 3, 4096), ("k_scale", 4, 0)]
     fn = FakeFunc()
-    pl = driver.PackedLaunch(0, fn, (3, 1, 1), (128, 1, 1), 512,
-                             [(ra, args.ARGS_DTYPE), (ka, args.KV_ARGS_DTYPE)],
-                             [(kvlaunch.kv_slot(f), i, a) for f, i, a in patches])
+    spec = launcher.LaunchSpec("k", "f", (3, 1, 1), (128, 1, 1), 512,
+                               [(args.ROPE_ARGS, ra), (args.KV_ARGS, ka)], calls)
+    pl = launcher.Plan(0, fn, spec)
     for call, ptrs in enumerate(([11, 22, 33, 44000, 55], [1, 2, 3, 4, 0])):
-        pl.run_patched(77 + call, ptrs)
+        pl.run(77 + call, *ptrs)
         grid, block, (rb, kb), smem, stream = fn.calls[-1]
         assert (grid, block, smem, stream) == ((3, 1, 1), (128, 1, 1), 512, 77 + call)
         r = dict(zip([f"{n}{i}" for n, c, _ in args.ARGS_FIELDS for i in range(c)],
                      struct.unpack(args.ARGS.format, rb)))
-        k = dict(zip([n for n, _, _ in args.KV_ARGS_FIELDS], struct.unpack(args.KV_ARGS.format,
-                                                                            kb)))
+        k = dict(zip([n for n, _, _ in args.KV_ARGS.fields], struct.unpack(
+            args.KV_ARGS.packer.format, kb)))
         assert (r["in_ptr0"], r["in_ptr1"], r["pos_ptr0"]) == tuple(ptrs[:3])
         assert (k["k_cache"], k["v_cache"], k["k_scale"]) == (ptrs[3], ptrs[3] + 4096, ptrs[4])
         assert (r["heads0"], r["heads1"], r["head_dim0"], r["scale0"]) == (32, 8, 128, 0.5)
@@ -176,21 +177,41 @@ def test_packed_launch_patches_pointers_into_both_structs(monkeypatch):
     assert len(fn.calls) == 2 and pl.bound is None
 
 
-def test_kv_slot_names_both_structs():
-    kv0 = args.ARGS.size // 8
-    assert kvlaunch.kv_slot("in_ptr1") == args.ARGS_SLOTS["in_ptr"] + 1
-    assert kvlaunch.kv_slot("pos_ptr") == args.ARGS_SLOTS["pos_ptr"]
-    assert kvlaunch.kv_slot("v_ptr") == kv0
-    assert kvlaunch.kv_slot("write_rest") == kv0 + len(args.KV_ARGS_FIELDS) - 1
+def test_spec_slots_name_fields_of_every_group():
+    kv0 = args.ROPE_ARGS.n_words
+    spec = launcher.LaunchSpec("k", "f", (1, 1, 1), (32, 1, 1), 0,
+                               [(args.ROPE_ARGS, args.pack_args()),
+                                (args.KV_ARGS, args.pack_kv_args())])
+    assert spec.slot("in_ptr1") == args.ARGS_SLOTS["in_ptr"] + 1
+    assert spec.slot("pos_ptr") == args.ARGS_SLOTS["pos_ptr"]
+    assert spec.slot("v_ptr") == kv0
+    assert spec.slot("write_rest") == kv0 + len(args.KV_ARGS.fields) - 1
+    with pytest.raises(KeyError):
+        spec.slot("nothing")
 
 
-def test_launch_plan_run_writes_its_per_call_fields():
-    plan = launch.LaunchPlan(0, FakeFunc(), (1, 1, 1), (32, 1, 1), 0, 8, 16,
-                             args.pack_args(rot_dim=64))
+def test_spread_parameters_launch_one_scalar_per_word(monkeypatch):
+    """A spread parameter list (qknorm_dw_kernel's) goes to the kernel as
+    one int64 per word, after a by-value struct where there is one."""
+    monkeypatch.setattr(driver.DRIVER, "_ok", False)
+    fn = FakeFunc()
+    raw = args.DW_ARGS.pack(part_ptr=5, rows=6, stride=7, col0=8, cols=9, out_ptr=10,
+                            out_dtype=2)
+    spec = launcher.LaunchSpec("k", "f", (1, 1, 1), (256, 1, 1), 0, [(args.DW_ARGS, raw)])
+    launcher.Plan(0, fn, spec).run(3)
+    assert [struct.unpack("<q", b)[0] for b in fn.calls[-1][2]] == [5, 6, 7, 8, 9, 10, 2]
+
+
+def test_rope_plan_run_writes_its_per_call_fields(monkeypatch):
+    monkeypatch.setattr(driver.DRIVER, "_ok", False)
+    spec = launcher.LaunchSpec("k", "f", (1, 1, 1), (32, 1, 1), 0,
+                               [(args.ROPE_ARGS, args.pack_args(rot_dim=64))], launch.ROPE_CALLS)
+    plan = launcher.Plan(0, FakeFunc(), spec)
     plan.run(5, 1, 2, 3, 4, 6, 7, -9)
-    w = plan.buf
-    assert list(w[[launch._IN0, launch._IN1, launch._OUT0, launch._OUT1, launch._POS,
-                   launch._SEQ, launch._OFFSET]]) == [1, 2, 3, 4, 6, 7, -9]
+    w = plan.words
+    slots = [args.ROPE_ARGS.slot(r) for r in ("in_ptr0", "in_ptr1", "out_ptr0", "out_ptr1",
+                                              "pos_ptr", "seq_off_ptr", "offset")]
+    assert [w[s] for s in slots] == [1, 2, 3, 4, 6, 7, -9]
     assert w[args.ARGS_SLOTS["rot_dim"]] == 64
 
 
@@ -219,3 +240,78 @@ def test_bound_launch_patches_the_stream_only_when_it_changes():
     assert b.launch(0) and b.launch(99) and b.launch(99)
     assert [s[0] for s in seen] == [None, 99, 99]
     assert seen[0][1:] == (1234, 5678, None, [4, 2, 1], 96)
+
+
+def test_qknorm_fast_forward_runs_the_registered_plan_with_the_call_values(monkeypatch):
+    """cuprope.qknorm's forward fast path (CPU tensors let in by a CPU
+    adapter): a registered plan runs with (q, k, out q, out k, weights,
+    positions, seq_offsets, offset) as its values, in place or into fresh
+    outputs, and a call with other settings or shapes is not taken."""
+    import cuprope
+    from cuprope import qknorm
+    fw = (fastpath.torch_collector(-1), torch.Tensor.data_ptr, torch.empty_like,
+          lambda dev: 1000 + dev, lambda: 0)
+    monkeypatch.setitem(fastpath._FAST, "torch", fw)
+    cfg = cuprope.RopeConfig(64)
+    q, k = torch.randn(1, 1, 4, 64), torch.randn(1, 1, 2, 64)
+    w, pos = torch.randn(64), torch.tensor([[7]], dtype=torch.int32)
+    settings = (1e-6, "rms", 0.0, "norm_then_rope", "head", "exact", None, pos, None)
+    for inplace in (True, False):
+        header, arrays = qknorm.fast_signature(q, k, w, None, *settings, inplace)
+        tkt = fastpath.ticket(fw, header, arrays)
+        plan = Payload()
+        plan.align = 16
+        cfg._launches.fast.clear()
+        fastpath.remember(cfg._launches.fast, tkt, [None] * 6, plan)
+        res = qknorm.rope_qk_norm_forward(q, k, cfg, q_weight=w, positions=pos, offset=5,
+                                          inplace=inplace)
+        (stream, values), = plan.runs
+        outs = (q.data_ptr(), k.data_ptr()) if inplace else (res[0].data_ptr(),
+                                                             res[1].data_ptr())
+        assert stream == 1000 and values == [q.data_ptr(), k.data_ptr(), *outs, w.data_ptr(),
+                                             0, pos.data_ptr(), 0, 5]
+        assert (res[0] is q) == inplace and res[0].shape == q.shape
+    # another eps, or a k with another head count: the general path (the host backend here)
+    res = qknorm.rope_qk_norm_forward(q, k, cfg, q_weight=w, positions=pos, eps=1e-5)
+    assert len(plan.runs) == 1 and not torch.equal(res[0], q)
+
+
+@pytest.mark.parametrize("act,backward", [("none", False), ("none", True), ("silu", False),
+                                          ("silu", True), ("softmax", False)])
+def test_lrpe_launch_writes_its_call_values(monkeypatch, act, backward):
+    """cuprope.lrpe's GPU launch (the device stubbed: a recording kernel, no
+    driver): for every activation, both directions, the plan's per-call
+    words are x (or dO) in both input slots, the output in both output
+    slots, x of the fused backward, and the offset; a second call reuses the
+    cached plan with the new values."""
+    from cuprope import RopeConfig, lrpe
+    from cuprope._core import launcher as launcher_mod
+    from cuprope._core.arrays import describe
+    monkeypatch.setattr(driver.DRIVER, "_ok", False)
+    fn = FakeFunc()
+
+    class Modules:
+        def functions(self, device, family):
+            return {n: fn for n in __import__("cuprope")._core.loader.all_kernel_names(family)}
+    monkeypatch.setattr(launcher_mod, "MODULES", Modules())
+    monkeypatch.setattr(lrpe, "sm_count", lambda device: 132)
+    monkeypatch.setattr(lrpe.engine, "stream_handle", lambda stream, info: 55)
+    monkeypatch.setattr(lrpe.engine, "hand_back", lambda i, o, s: [o[0].obj])
+    monkeypatch.setattr(lrpe, "on_device", lambda device, f, *a: f(*a))
+
+    class Table:
+        class data:
+            ptr = 4096
+    monkeypatch.setattr(RopeConfig, "device_tables", lambda self, device: (Table, None))
+    cfg = RopeConfig(64, inv_freq=np.full(32, 0.1))
+    st = args.ROPE_ARGS
+    for offset in (3, 9):
+        x, do, out = (np.zeros((2, 4, 3, 64), np.float32) for _ in range(3))
+        main, xi, oi = describe(do if backward else x, "x"), describe(x, "x"), describe(out, "o")
+        lrpe._gpu_backend_fused(backward, main, xi, oi, cfg, offset, act, None, (2, 4, 3, 64))
+        w = struct.unpack("<" + "q" * st.n_words, fn.calls[-1][2][0])
+        assert w[st.slot("in_ptr0")] == w[st.slot("in_ptr1")] == main.ptr
+        assert w[st.slot("out_ptr0")] == w[st.slot("out_ptr1")] == oi.ptr
+        assert w[st.slot("aux_ptr")] == (xi.ptr if backward and act != "none" else 0)
+        assert w[st.slot("offset")] == offset and fn.calls[-1][4] == 55
+    assert len(cfg._launches.plans) == 1 and len(fn.calls) == 2

@@ -495,7 +495,7 @@ def test_rotary_embedding_fast_path_equals_the_general_path(monkeypatch):
     calls stay on the fast path and match check=True (the general path)."""
     import cuprope.cos_sin_cache as csc
     import cuprope.torch as ctorch
-    calls = _count_general(monkeypatch, csc, "plan_kv")
+    calls = _count_general(monkeypatch, csc, "kv_spec")
     g = gen(53)
     for step in range(4):
         pos, query, key, table = _rotary_args(g, "bfloat16")

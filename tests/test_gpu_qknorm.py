@@ -232,6 +232,47 @@ def test_inplace_equals_out_of_place(rng, dtype):
         assert torch.equal(q2, yq) and torch.equal(k2, yk)
 
 
+@pytest.mark.parametrize("mode", ["fresh", "inplace", "tables"])
+def test_fast_path_equals_the_general_path(rng, monkeypatch, mode):
+    """Repeated forwards (new data, positions and offsets each step) take the
+    fast path (no QkNormCall.gpu after the first) and give the bits of the
+    general path (stream= given forces it), for the fast kernel and the
+    general one (token norm)."""
+    general = []
+    real = qknorm.QkNormCall.gpu
+    monkeypatch.setattr(qknorm.QkNormCall, "gpu", lambda self, *a, **k: (
+        general.append(1), real(self, *a, **k))[1])
+    stream = torch.cuda.current_stream()
+    for over in ("head", "token"):
+        cfg = cuprope.RopeConfig(64)
+        n0 = len(general)
+        for step in range(3):
+            q = _dev(_bf16_exact(rng, (2, 5, 4, 64)), "bfloat16")
+            k = _dev(_bf16_exact(rng, (2, 5, 2, 64)), "bfloat16")
+            w = _dev(_bf16_exact(rng, (64 if over == "head" else 4 * 64,)), "float32")
+            kw = dict(q_weight=w, norm_over=over)
+            if mode == "tables":
+                ang = rng.uniform(-3, 3, (2, 5, 32))
+                cos = _dev(np.cos(np.concatenate([ang, ang], -1)), "bfloat16")
+                sin = _dev(np.sin(np.concatenate([ang, ang], -1)), "bfloat16")
+                kw.update(tables=(cos, sin), rounding="cast_then_weight")
+                w = w.bfloat16()
+                kw["q_weight"] = w
+            else:
+                kw.update(positions=_dev(rng.integers(0, 4000, (2, 5)), "float32").int(),
+                          offset=int(rng.integers(0, 100)))
+            want = qknorm.rope_qk_norm_forward(q, k, cfg, stream=stream, **kw)
+            before = len(general)
+            if mode == "inplace":
+                got = qknorm.rope_qk_norm_forward(q, k, cfg, inplace=True, **kw)
+                assert got[0] is q and got[1] is k
+            else:
+                got = qknorm.rope_qk_norm_forward(q, k, cfg, **kw)
+            assert len(general) == before + (1 if step == 0 else 0), (over, step)
+            assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), (over, step)
+        assert len(general) == n0 + 3 + 1
+
+
 # Known defect (issue 15, open): on an H100 the fp16 cast_then_weight case with
 # the norm per head before RoPE put 2 of 4608 elements ~3 fp16 ulp from the
 # NumPy emulation (twice, same elements); suspected: the kernel's rsqrtf against

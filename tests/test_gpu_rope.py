@@ -443,7 +443,7 @@ def test_repeated_calls_take_the_cached_fast_path_correctly(dtype, rng):
         assert res[0] is q2
         assert_matches(host(q2), expected(host(q), cfg, positions=pos.cpu().numpy(), offset=call),
                        xmax, dtype)
-    assert cfg._plans, "no plan was cached"
+    assert cfg._launches.plans, "no plan was cached"
 
 
 def test_cuda_array_interface_and_dlpack_producers_come_back_as_cupy(rng):

@@ -452,15 +452,17 @@ def test_qk_norm_gpu_lowering_plan_built_on_the_cpu(case, backward, dtype, fast)
     outs = [cuprope._core.arrays.describe(_aligned(np.zeros_like(x)), "out") for x in xs]
     geo = ql.geometry(c, ins, outs, backward, 132)
     assert (geo.vec > 0) == fast
-    words = ql.flat_words(ql.pack(ql.struct_fields(c, ins, outs, geo, inv_freq_ptr=1,
-                                                   stream_map_ptr=0, part_ptr=0)))
+    st = ql.QKNORM_ARGS
+    packed = np.frombuffer(st.pack(**ql.struct_fields(c, ins, outs, geo, inv_freq_ptr=1,
+                                                      stream_map_ptr=0, part_ptr=0)), np.int64)
+    words = [int(packed[i]) for i in st.flat_words]
     main = plan[0]
     assert main.name == geo.flat_name == loader.qknorm_flat_kernel_name(dtype, cfg.interleaved,
                                                                         geo.vec, backward)
     assert main.grid == (geo.blocks, 1, 1) and main.warps == 8 and main.smem == geo.smem
     assert geo.blocks == -(-min(c.b * c.s, (8 if fast else 4) * 8 * 132) // 8)
     assert main.smem + ql.QKNORM_ARGS.size <= 48 * 1024
-    n_ptr = len(ql.FLAT_POINTERS)
+    n_ptr = len(st.pointers)
     assert [p[1] for p in main.params[n_ptr:]] == words and len(main.params) == 67
     has = {"in_ptr0": True, "in_ptr1": True, "x_ptr0": backward, "x_ptr1": backward,
            "pos_ptr": "positions" in arrays, "seq_off_ptr": False,
@@ -468,10 +470,10 @@ def test_qk_norm_gpu_lowering_plan_built_on_the_cpu(case, backward, dtype, fast)
            "inv_freq_ptr": True, "stream_map_ptr": cfg.stream_map is not None,
            "out_ptr0": True, "out_ptr1": True, "part_ptr": backward and "q_weight" in arrays}
     kinds = [p[0] for p in main.params[:n_ptr]]
-    assert kinds == ["array" if has[r] else "scalar" for r in ql.FLAT_POINTERS]
+    assert kinds == ["array" if has[r] else "scalar" for r in st.pointers]
     assert all(p == ("scalar", 0, "u64") for p in main.params[:n_ptr] if p[0] == "scalar")
     assert kinds.count("array") == len(main.operands) + len(main.results)
-    aligns = dict(zip(ql.FLAT_POINTERS, [p[1] for p in main.params[:n_ptr]]))
+    aligns = dict(zip(st.pointers, [p[1] for p in main.params[:n_ptr]]))
     assert aligns["in_ptr0"] == aligns["out_ptr1"] == geo.vec * np.dtype(avals[0].dtype).itemsize
     n_rot = 4 if backward else 2
     assert [r for r in main.operands[:n_rot]] == [("operand", i) for i in (

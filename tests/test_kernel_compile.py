@@ -4,6 +4,7 @@ import os
 
 import pytest
 
+from cuprope._core import args as _args
 from cuprope._core import loader as _loader
 
 nvrtc = pytest.importorskip("cuda.bindings.nvrtc", reason="cuda-bindings (test extra) not installed")
@@ -35,8 +36,9 @@ def _build(arch: str, names, options, entry=_loader.ENTRY):
 
 
 def _compile(arch: str, names, entry=_loader.ENTRY):
-    """Compile the kernel family with the package's options."""
-    rc, log, prog = _build(arch, names, _loader.compile_options(), entry)
+    """Compile the kernel family with the package's options and the flat
+    entries' generated parameter lists."""
+    rc, log, prog = _build(arch, names, _loader.compile_options() + _args.flat_defines(), entry)
     assert rc == nvrtc.nvrtcResult.NVRTC_SUCCESS, log
     lowered = {n: _check(nvrtc.nvrtcGetLoweredName(prog, n.encode())) for n in names}
     if arch.startswith("sm_"):
@@ -286,8 +288,8 @@ def _resources(arch, names, entry=_loader.ENTRY):
     """{name expression: (registers, spill store bytes, spill load bytes)} from
     ptxas's verbose report in NVRTC's log."""
     import re
-    rc, log, prog = _build(arch, names, list(_loader.compile_options()) + ["--ptxas-options=-v"],
-                           entry)
+    rc, log, prog = _build(arch, names, list(_loader.compile_options()) + list(
+        _args.flat_defines()) + ["--ptxas-options=-v"], entry)
     assert rc == nvrtc.nvrtcResult.NVRTC_SUCCESS, log
     lowered = {_check(nvrtc.nvrtcGetLoweredName(prog, n.encode())).decode(): n for n in names}
     nvrtc.nvrtcDestroyProgram(prog)

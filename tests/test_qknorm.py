@@ -479,21 +479,18 @@ def test_model_gradients_match_hf():
 
 
 def test_host_mirror_is_the_c_struct():
-    """cuprope/_core/qknorm_launch.py packs struct QkNormArgs (kernels/qknorm.cuh)
-    field by field (and cuprope.qknorm keeps its old names for them)."""
+    """cuprope/_core/args.py QKNORM_ARGS is struct QkNormArgs (kernels/qknorm.cuh)
+    field by field: a RopeArgs, then the norm's fields; its rounding codes are
+    the reference's roundings in order."""
     from test_launch import c_struct_fields
     from cuprope._core import args
     from cuprope._core import qknorm_launch as ql
     fields = c_struct_fields("qknorm.cuh", "QkNormArgs")
     assert fields[0] == ("r", 1, "RopeArgs")
-    assert tuple((n, c) for n, c, k in fields[1:] if k == "q") == ql.ARGS_EXTRA_FIELDS
+    assert args.QKNORM_ARGS.fields == args.ARGS_FIELDS + tuple(fields[1:])
     assert [n for n, c, k in fields[1:] if k == "d"] == ["eps", "weight_offset"]
-    assert [k for _, _, k in fields[1:]] == ["q"] * len(ql.ARGS_EXTRA_FIELDS) + ["d", "d"]
-    size = args.ARGS.size + ql.ARGS_EXTRA.size
-    assert size == args.ARGS.size + 8 * (sum(c for _, c, _ in fields[1:]))
-    assert ql.QKNORM_ARGS_FIELDS == args.ARGS_FIELDS + tuple(fields[1:])
-    assert ql.QKNORM_ARGS.size == size
-    assert qknorm.ARGS_EXTRA_FIELDS is ql.ARGS_EXTRA_FIELDS
+    assert args.QKNORM_ARGS.size == args.ARGS.size + 8 * (sum(c for _, c, _ in fields[1:]))
+    assert ql.ROUNDINGS == qref.ROUNDINGS
 
 
 @pytest.mark.parametrize("model_type,rounding,offset", [

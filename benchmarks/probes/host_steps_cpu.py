@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 import cuprope
-from cuprope._core import args, driver, fastpath, launch
+from cuprope._core import args, driver, fastpath, launch, launcher
 
 N = 20000
 
@@ -120,14 +120,16 @@ def main():
     fw = (fastpath.torch_collector(-1), torch.Tensor.data_ptr, torch.empty_like,
           lambda dev: 0, lambda: 0)
     fastpath._FAST["torch"] = fw
-    plan = launch.LaunchPlan(0, None, (3, 1, 1), (320, 1, 1), 0, 8, 16, args.pack_args())
+    plan = launcher.Plan(0, None, launcher.LaunchSpec(
+        "k", "f", (3, 1, 1), (320, 1, 1), 0, [(args.ROPE_ARGS, args.pack_args())],
+        launch.ROPE_CALLS, vec=8, align=16))
     cfgc = driver.LaunchConfig((u * 3)(3, 1, 1), (u * 3)(320, 1, 1), 0, None, None, 0)
     new_fn = ctypes.CDLL(lib).launch_ex
     new_fn.restype = ctypes.c_int
     plan.bound = driver.Bound(new_fn, (ctypes.byref(cfgc), vp(140000000000), vp(paddr), None),
                               cfgc, -1, None)
     tkt = fastpath.fast_key("torch", (q, k), cfg, False, pos, None, None, True, None)
-    fastpath.remember(cfg._plans, tkt, [fastpath.span(fastpath_info(x)) for x in (q, k)], plan)
+    fastpath.remember(cfg._launches.fast, tkt, [fastpath.span(fastpath_info(x)) for x in (q, k)], plan)
     key, ptrs, _ = tkt
 
     rows = [
@@ -141,7 +143,8 @@ def main():
         ("key of q, k, positions (old: nested, + k - q; new: flat ticket)", old_key,
          lambda: fastpath._rope_ticket(fw, (q, k), False, pos, None, None, True)),
         ("dict lookup of that key (old: nested tuple; new: lookup + device stub)",
-         lambda: old_plans.get(okey), lambda: fastpath.lookup(cfg._plans, key, ptrs, fw[4])),
+         lambda: old_plans.get(okey),
+         lambda: fastpath.lookup(cfg._launches.fast, key, ptrs, fw[4])),
         ("7 per-call fields (old: NumPy item writes; new: memoryview)", old_writes,
          lambda: seven_writes(plan.words)),
         ("driver call (old: cuLaunchKernel, argtypes, 11 args; new: Ex, 4 ready args)",

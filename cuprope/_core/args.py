@@ -1,10 +1,16 @@
-"""The host's mirror of ``struct RopeArgs`` (kernels/args.cuh), the one
-argument every kernel of the family takes.
+"""The kernels' argument structs on the host, each from one named, ordered
+field list (``ArgStruct``): ``struct RopeArgs`` and ``struct KvArgs``
+(kernels/args.cuh), ``struct QkNormArgs`` (kernels/qknorm.cuh) and the
+scalar parameter lists of ``qknorm_dw_kernel`` and ``kv_angle_table_kernel``.
 
-``ARGS_FIELDS`` lists the struct field by field; the packed format, each
-field's slot in the int64 view and the flat entry points' parameter order
-(``kernels/flat.cuh``, for launchers that pass flat parameters) derive from it.
-A test compares it with the C struct.
+From a field list derive: the packed format (every field is one or more
+8-byte words: int64 ``"q"`` or float64 ``"d"``), each field's slot in the
+int64 view, and the flat entry points (one 8-byte kernel parameter per word,
+for jaxlib's GPU kernel call): their parameter order (pointers first, inputs
+before outputs, then every other word in struct order) and the C source of
+their parameter list and struct rebuild (``flat_defines``, passed to NVRTC
+as ``-D`` options when a flat entry is compiled; kernels/flat.cuh and
+kernels/qknorm_flat.cuh use them). Tests compare the lists with the C structs.
 """
 from __future__ import annotations
 
@@ -12,10 +18,69 @@ import struct
 
 import numpy as np
 
-# struct RopeArgs (kernels/args.cuh) field by field, in order: (name, count,
-# kind), kind "q" an int64 and "d" a float64. Every field being 8 bytes, a
-# field's index in the int64 view of the packed struct is its slot below.
-ARGS_FIELDS = (
+
+class ArgStruct:
+    """One argument struct (or scalar parameter list) from its field list.
+
+    ``fields``: (name, count, kind) in order, kind "q" (int64) or "d"
+    (float64). ``spread``: False for a struct passed by value (one kernel
+    parameter), True for a list of 8-byte scalar parameters (one per word).
+    ``pointers``: the flat entry's pointer roles (``"in_ptr1"``: field
+    ``in_ptr``, element 1), inputs before outputs; ``outputs``: those the
+    kernel writes (empty where the struct has no flat entry)."""
+
+    def __init__(self, c_name, fields, *, spread=False, pointers=(), outputs=()):
+        self.c_name, self.fields, self.spread = c_name, tuple(fields), spread
+        self.packer = struct.Struct("<" + "".join(kind * n for _, n, kind in self.fields))
+        self.size = self.packer.size
+        self.n_words = self.size // 8
+        self.dtype = np.dtype([("raw", np.uint8, (self.size,))])
+        self.slots, slot = {}, 0
+        for name, count, _ in self.fields:
+            self.slots[name] = slot
+            slot += count
+        self.pointers, self.outputs = tuple(pointers), tuple(outputs)
+        self.pointer_slots = tuple(self.slot(r) for r in self.pointers)
+        self.flat_words = tuple(i for i in range(self.n_words) if i not in self.pointer_slots)
+
+    def slot(self, role) -> int:
+        """The int64 slot of a field, or of one element of a pair field named
+        with its index (``in_ptr1``, ``w_ptr0``)."""
+        if role in self.slots:
+            return self.slots[role]
+        name, idx = role[:-1], int(role[-1])
+        return self.slots[name] + idx
+
+    def pack(self, **values) -> bytes:
+        """The struct packed from its fields by name (a sequence for the
+        multi-element fields); a field not named is 0."""
+        unknown = set(values) - set(self.slots)
+        if unknown:
+            raise TypeError(f"{self.c_name} has no field {sorted(unknown)}")
+        flat = []
+        for name, count, _ in self.fields:
+            v = values.get(name, (0,) * count)
+            v = tuple(v) if isinstance(v, (tuple, list)) else (v,)
+            if len(v) != count:
+                raise ValueError(f"{self.c_name}.{name} takes {count} values, got {len(v)}")
+            flat += v
+        return self.packer.pack(*flat)
+
+    def flat_params(self) -> tuple[str, ...]:
+        """The flat entry's C parameter names in order: the pointer roles,
+        then ``w<slot>`` for every other word."""
+        return self.pointers + tuple(f"w{i}" for i in self.flat_words)
+
+    def flat_source(self) -> tuple[str, str]:
+        """(parameter list, the words in struct order) of the flat entry, as C."""
+        params = ", ".join(f"long long {p}" for p in self.flat_params())
+        by_slot = dict(zip(self.pointer_slots, self.pointers))
+        words = ", ".join(by_slot.get(i, f"w{i}") for i in range(self.n_words))
+        return params, words
+
+
+# struct RopeArgs (kernels/args.cuh) field by field, in order.
+ROPE_ARGS = ArgStruct("RopeArgs", (
     ("in_ptr", 2, "q"), ("out_ptr", 2, "q"),
     ("in_sb", 2, "q"), ("in_ss", 2, "q"), ("in_sh", 2, "q"),
     ("out_sb", 2, "q"), ("out_ss", 2, "q"), ("out_sh", 2, "q"),
@@ -30,84 +95,50 @@ ARGS_FIELDS = (
     ("aux_ptr", 1, "q"), ("aux_sb", 1, "q"), ("aux_ss", 1, "q"), ("aux_sh", 1, "q"),
     ("stats_ptr", 1, "q"), ("stats_plane", 1, "q"),
     ("tok_tile", 1, "q"),
-)
-ARGS = struct.Struct("<" + "".join(kind * count for _, count, kind in ARGS_FIELDS))
-ARGS_DTYPE = np.dtype([("raw", np.uint8, (ARGS.size,))])
+), pointers=("in_ptr0", "in_ptr1", "pos_ptr", "seq_off_ptr", "inv_freq_ptr", "stream_map_ptr",
+             "aux_ptr", "out_ptr0", "out_ptr1", "stats_ptr"),
+    outputs=("out_ptr0", "out_ptr1", "stats_ptr"))
 
-
-def field_slots(fields) -> dict[str, int]:
-    """Each field's slot (the index of its first element in the int64 view of
-    the packed struct) in a field list of ``ARGS_FIELDS``' form."""
-    out, slot = {}, 0
-    for name, count, _ in fields:
-        out[name] = slot
-        slot += count
-    return out
-
-
-ARGS_SLOTS = field_slots(ARGS_FIELDS)  # name -> the slot of its first element
-
-
-def pack_fields(fields, packer, what, values) -> bytes:
-    """A struct of the field list ``fields`` packed by ``packer`` from
-    ``values`` by field name (a sequence for the multi-element fields); a
-    field not named is 0. ``what`` names the struct in errors."""
-    unknown = set(values) - {name for name, _, _ in fields}
-    if unknown:
-        raise TypeError(f"{what} has no field {sorted(unknown)}")
-    flat = []
-    for name, count, _ in fields:
-        v = values.get(name, (0,) * count)
-        v = tuple(v) if isinstance(v, (tuple, list)) else (v,)
-        if len(v) != count:
-            raise ValueError(f"{what}.{name} takes {count} values, got {len(v)}")
-        flat += v
-    return packer.pack(*flat)
-
-
-def pack_args(**values) -> bytes:
-    """RopeArgs packed from its fields by name (a pair for the two-element
-    fields); a field not named is 0."""
-    return pack_fields(ARGS_FIELDS, ARGS, "RopeArgs", values)
-
-
-# struct KvArgs (kernels/args.cuh), the KV-cache dialect's second argument,
-# field by field (all int64).
-KV_ARGS_FIELDS = tuple((name, 1, "q") for name in (
+# struct KvArgs (kernels/args.cuh), the KV-cache dialect's second argument (all int64).
+KV_ARGS = ArgStruct("KvArgs", tuple((name, 1, "q") for name in (
     "v_ptr", "v_sb", "v_ss", "v_sh", "k_cache", "v_cache", "kc_sp", "kc_sr", "kc_sh",
     "vc_sp", "vc_sr", "vc_sh", "num_pages", "page_size", "slot_ptr", "batch_ptr", "cpos_ptr",
     "indices_ptr", "indptr_ptr", "n_indices", "index_is64", "n_seqs", "q_scale", "k_scale",
-    "v_scale", "kv_scale_sh", "cs_ptr", "cs_st", "cs_rows", "write_rest"))
-KV_ARGS = struct.Struct("<" + "q" * len(KV_ARGS_FIELDS))
-KV_ARGS_DTYPE = np.dtype([("raw", np.uint8, (KV_ARGS.size,))])
+    "v_scale", "kv_scale_sh", "cs_ptr", "cs_st", "cs_rows", "write_rest")))
+
+# struct QkNormArgs (kernels/qknorm.cuh): a RopeArgs, then these.
+QKNORM_ARGS = ArgStruct("QkNormArgs", ROPE_ARGS.fields + (
+    ("x_ptr", 2, "q"), ("x_sb", 2, "q"), ("x_ss", 2, "q"), ("x_sh", 2, "q"), ("w_ptr", 2, "q"),
+    ("w_dtype", 2, "q"), ("w_col", 2, "q"), ("part_ptr", 1, "q"), ("part_cols", 1, "q"),
+    ("norm_token", 1, "q"), ("rope_first", 1, "q"), ("rounding", 1, "q"), ("table", 1, "q"),
+    ("eps", 1, "d"), ("weight_offset", 1, "d"),
+), pointers=("in_ptr0", "in_ptr1", "x_ptr0", "x_ptr1", "pos_ptr", "seq_off_ptr", "w_ptr0",
+             "w_ptr1", "inv_freq_ptr", "stream_map_ptr", "out_ptr0", "out_ptr1", "part_ptr"),
+    outputs=("out_ptr0", "out_ptr1", "part_ptr"))
+
+# qknorm_dw_kernel's parameters (kernels/qknorm.cuh), one scalar each.
+DW_ARGS = ArgStruct("qknorm_dw_kernel", tuple((n, 1, "q") for n in (
+    "part_ptr", "rows", "stride", "col0", "cols", "out_ptr", "out_dtype")), spread=True)
+
+# kv_angle_table_kernel's parameters after its RopeArgs (kernels/kvcache.cuh).
+TABLE_ARGS = ArgStruct("kv_angle_table_kernel", (("out_ptr", 1, "q"), ("rows", 1, "q")),
+                       spread=True)
+
+# The flat entries generated from the field lists: (define prefix, struct).
+FLAT_ENTRIES = (("CUPROPE_FLAT_ROPE", ROPE_ARGS), ("CUPROPE_FLAT_QKNORM", QKNORM_ARGS))
 
 
-def pack_kv_args(**values) -> bytes:
-    """KvArgs packed from its fields by name; a field not named is 0."""
-    return pack_fields(KV_ARGS_FIELDS, KV_ARGS, "KvArgs", values)
+def flat_defines() -> tuple[str, ...]:
+    """NVRTC ``-D`` options giving each flat entry (kernels/flat.cuh,
+    kernels/qknorm_flat.cuh) its parameter list (``<PREFIX>_PARAMS``) and the
+    struct's words in slot order (``<PREFIX>_WORDS``)."""
+    out = []
+    for prefix, st in FLAT_ENTRIES:
+        params, words = st.flat_source()
+        out += [f"-D{prefix}_PARAMS={params}", f"-D{prefix}_WORDS={words}"]
+    return tuple(out)
 
 
-# The flat entry points (kernels/flat.cuh) take the struct's pointers first,
-# inputs before outputs (the order in which XLA hands a custom call its
-# buffers), then every other word in struct order (FLAT_WORDS: int64 slots;
-# the float64 fields travel as their bit patterns).
-FLAT_POINTERS = ("in_ptr0", "in_ptr1", "pos_ptr", "seq_off_ptr", "inv_freq_ptr",
-                 "stream_map_ptr", "aux_ptr", "out_ptr0", "out_ptr1", "stats_ptr")
-
-
-def flat_order(fields, pointers) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """(pointer slots, other slots) of a flat entry over the struct ``fields``
-    whose parameters are the pointer words ``pointers`` (roles such as
-    ``in_ptr0``: field ``in_ptr``, element 0) then every other word in struct
-    order."""
-    slots = field_slots(fields)
-
-    def slot(role):
-        name, _, idx = role.rpartition("_ptr")
-        return slots[name + "_ptr"] + (int(idx) if idx else 0)
-    pointer_slots = tuple(slot(r) for r in pointers)
-    n = sum(count for _, count, _ in fields)
-    return pointer_slots, tuple(i for i in range(n) if i not in pointer_slots)
-
-
-FLAT_POINTER_SLOTS, FLAT_WORDS = flat_order(ARGS_FIELDS, FLAT_POINTERS)
+# Short names the rope code uses.
+ARGS_FIELDS, ARGS, ARGS_SLOTS = ROPE_ARGS.fields, ROPE_ARGS.packer, ROPE_ARGS.slots
+pack_args, pack_kv_args = ROPE_ARGS.pack, KV_ARGS.pack

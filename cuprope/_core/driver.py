@@ -1,5 +1,5 @@
 """Kernel launches through the CUDA driver by ctypes, for launches that have
-gone through CuPy once (PackedLaunch, below).
+gone through CuPy once (launcher.Plan).
 
 ``cuLaunchKernelEx`` takes four arguments: a ``CUlaunchConfig`` (grid,
 block, shared bytes, stream) built once per launch and patched only when the
@@ -11,8 +11,6 @@ it (before CUDA 12) get ``cuLaunchKernel`` with its arguments preconverted.
 from __future__ import annotations
 
 import ctypes
-
-import numpy as np
 
 _u = ctypes.c_uint
 
@@ -103,58 +101,3 @@ class Driver:
 
 
 DRIVER = Driver()
-
-
-class PackedLaunch:
-    """A kernel, its grid and its packed argument structs in one buffer
-    (``words``: its int64 view, where per-call fields are written), launched
-    through CuPy the first time and through the CUDA driver after that
-    (driver.Bound; a driver error falls back to CuPy, which raises clearly).
-
-    ``structs``: (bytes, NumPy dtype) per kernel parameter, in order.
-    ``patches``: (slot, index, addend) per pointer field ``run_patched`` fills
-    from a list of pointers (words[slot] = ptrs[index] + addend).
-
-    A launch belongs to one thread (its buffer is reused across launches; the
-    driver copies kernel arguments at launch)."""
-
-    __slots__ = ("device", "func", "grid", "block", "smem", "words", "patches", "_views",
-                 "_addrs", "_raw", "bound")
-
-    def __init__(self, device, func, grid, block, smem, structs, patches=()):
-        import ctypes
-        self.device, self.func, self.grid, self.block, self.smem = device, func, grid, block, smem
-        raw = bytearray(b"".join(bytes(b) for b, _ in structs))  # each launch owns its buffer
-        self._raw = raw
-        self.words = memoryview(raw).cast("q")
-        base = ctypes.addressof((ctypes.c_char * len(raw)).from_buffer(raw))
-        views, addrs, off = [], [], 0
-        for b, dt in structs:
-            views.append(np.frombuffer(raw, dtype=np.uint8, count=len(b), offset=off).view(dt))
-            addrs.append(base + off)
-            off += len(b)
-        self._views, self._addrs = tuple(views), tuple(addrs)
-        self.patches = tuple(patches)
-        self.bound = None
-
-    def run_patched(self, stream_ptr, ptrs):
-        w = self.words
-        for slot, i, add in self.patches:
-            w[slot] = ptrs[i] + add
-        b = self.bound
-        if b is None or b.stream != stream_ptr or b.call(*b.args):
-            self.launch(stream_ptr)
-
-    def launch(self, stream_ptr):
-        """Through the driver once this has launched once through CuPy."""
-        b = self.bound
-        if b is None or not b.launch(stream_ptr):
-            self.bound = None
-            self.func(self.grid, self.block, self._views, shared_mem=self.smem,
-                      stream=Stream(stream_ptr))
-            func = self.func
-            ptr = getattr(func, "ptr", None)
-            if ptr is None:  # a cupy RawKernel: its Function for the current device
-                ptr = func.kernel.ptr
-            self.bound = DRIVER.bind(int(ptr), self.grid, self.block, self.smem, self._addrs,
-                                     self._raw)

@@ -4,9 +4,11 @@ backend (host arrays) or becomes a launch plan on the GPU.
 ``rope_call`` is the core RoPE entry (``cuprope.api`` calls it); the pieces
 after it (outputs, tensor plans, streams, ``run_plan``) are shared with the
 dialects that launch the same kernel family (``cuprope.tables``,
-``cuprope.lrpe``). Plans are cached on their owner (``RopeConfig._plans``, or
-a table source's) by call signature; a repeated call takes
-``cuprope._core.fastpath`` instead.
+``cuprope.lrpe``). Each states its launch as a LaunchSpec
+(``cuprope._core.launch.rope_spec``) and runs it through the one launcher
+(``cuprope._core.launcher``): plans are cached on their owner
+(``RopeConfig._launches``, or a table source's) by call signature; a
+repeated call takes ``cuprope._core.fastpath`` instead.
 """
 from __future__ import annotations
 
@@ -17,7 +19,8 @@ import numpy as np
 from ..config import RopeConfig
 from . import fastpath, host, validate
 from .arrays import describe, empty_like, wrap_like
-from .launch import TensorPlan, make_plan
+from .launch import TensorPlan, rope_spec, sm_count
+from .launcher import on_device
 from .layout import canon_sizes, canon_strides
 
 
@@ -92,33 +95,30 @@ def _gpu_rope(infos, out_infos, config, inverse, pos_info, seq_info, offset, str
     gkey = ("G", threading.get_ident(), inverse, copy_rest, device, pos, seq64,
             tuple((i.dtype, tuple(i.shape), i.strides, i.ptr % 16) for i in infos),
             tuple((o.strides, o.ptr % 16) for o in out_infos))
-    entry = config._plans.get(gkey)
-    if entry is None:
+    plan = config._launches.plans.get(gkey)
+    if plan is None:
         inv_freq, smap = config.device_tables(device)
-        plan = make_plan(
-            device=device, dtype=infos[0].dtype, interleaved=config.interleaved,
+        plan = config._launches.get(gkey, lambda: rope_spec(
+            sms=sm_count(device), dtype=infos[0].dtype, interleaved=config.interleaved,
             plans=tensor_plans(infos, out_infos, config.layout),
             n_batch=b, n_seq=s, head_dim=d, rot_dim=config.rotary_dim, copy_rest=copy_rest,
             pos=pos, seq_off=seq64, inv_freq_ptr=inv_freq.data.ptr,
             freq_sh=config.rotary_dim // 2 if config.per_head else 0,
             stream_map_ptr=0 if smap is None else smap.data.ptr, scale=config.scale,
-            sin_sign=-1.0 if inverse else 1.0)
-        config._plans[gkey] = (plan, None)
-    else:
-        plan = entry[0]
+            sin_sign=-1.0 if inverse else 1.0), device)
     return run_plan(plan, config, infos, out_infos, stream_ptr,
                     0 if pos_info is None else pos_info.ptr,
                     0 if seq_info is None else seq_info.ptr, offset, cache_key)
 
 
-def run_plan(plan, owner, infos, out_infos, stream_ptr, idx1, idx2, offset,
-             cache_key):
-    """Launch ``plan`` on the tensors' device, remember it on ``owner`` for
-    the fast path under ``cache_key`` (a fastpath ticket) and hand the outputs back in the
-    caller's framework. idx1, idx2: the positions and sequence-offset pointers
-    (cos and sin for the table source)."""
-    ptrs = (infos[0].ptr, infos[-1].ptr, out_infos[0].ptr, out_infos[-1].ptr, idx1, idx2)
-    on_device(infos[0].device, plan.run, stream_ptr, *ptrs, offset)
+def run_plan(plan, owner, infos, out_infos, stream_ptr, idx1, idx2, offset, cache_key):
+    """Launch a rope ``plan`` (launcher.Plan taking launch.ROPE_CALLS' values)
+    on the tensors' device, register it on ``owner``'s fast-path cache under
+    ``cache_key`` (a fastpath ticket) and hand the outputs back in the
+    caller's framework. idx1, idx2: the positions and sequence-offset
+    pointers (cos and sin for the table source)."""
+    on_device(infos[0].device, plan.run, stream_ptr, infos[0].ptr, infos[-1].ptr,
+              out_infos[0].ptr, out_infos[-1].ptr, idx1, idx2, offset)
     fastpath.remember_rope(owner, cache_key, plan, infos, out_infos)
     return hand_back(infos, out_infos, stream_ptr)
 
@@ -162,16 +162,6 @@ def tensor_plans(infos, out_infos, layout):
     return [TensorPlan(i.ptr, o.ptr, canon_strides(i.strides, layout),
                        canon_strides(o.strides, layout), canon_sizes(i.shape, layout)[2])
             for i, o in zip(infos, out_infos)]
-
-
-def on_device(device, fn, *args):
-    """``fn(*args)`` with ``device`` current (a launch goes to the current device)."""
-    import cupy
-    if cupy.cuda.runtime.getDevice() != device:
-        with cupy.cuda.Device(device):
-            fn(*args)
-    else:
-        fn(*args)
 
 
 def hand_back(infos, out_infos, stream_ptr):

@@ -3,7 +3,8 @@
 A call made only of torch CUDA tensors, or only of CuPy arrays, whose
 arrays' (dtype, shape, strides, device, 16-byte alignment) and settings were
 seen before on this thread reuses the launch the general path built and
-validated for them: per call it reads the pointers, patches them into the
+validated for them (a launcher.Plan): per call it reads the pointers and
+calls the same ``Plan.run`` as the general path, which writes them into the
 packed arguments and launches through the driver (cuprope/_core/driver.py).
 Anything unusual (a stream= argument, check=True, another current device,
 pointers whose byte ranges may overlap in a way not validated before) takes
@@ -11,13 +12,17 @@ the general path, which validates and raises as usual.
 
 One implementation serves every entry point with a fast path: the core
 (``cuprope.api``, ``cuprope.tables``), the fused KV-cache append
-(``cuprope.kvcache``) and the cos/sin-cache call (``cuprope.cos_sin_cache``):
+(``cuprope.kvcache``), the cos/sin-cache call (``cuprope.cos_sin_cache``)
+and the fused QK-norm forward (``cuprope.qknorm``). The entries live in the
+owner's ``launcher.LaunchCache.fast``:
 
 * ``ticket(fw, header, arrays, pairs)``: the cache key (``header`` + each
   array's signature, None for an absent one) and the arrays' pointers;
-* ``remember(plans, ticket, spans, payload)``: after a validated general-path
-  launch, registers ``payload`` (a driver.PackedLaunch) under the key;
-* ``lookup(plans, key, ptrs, current_device)``: the payload, or None.
+* ``remember(fast, ticket, spans, plan)``: after a validated general-path
+  launch, registers ``plan`` (a launcher.Plan) under the key;
+* ``lookup(fast, key, ptrs, current_device)``: the plan, or None;
+* ``fast_call(fast, fw, header, arrays)``: ``plan.run(stream, *ptrs)`` of the
+  registered plan (its per-call words index the arrays' pointers).
 
 Overlap: ``pairs`` lists the (i, j) array pairs the general path checks for
 overlap. For each, the byte ranges intersect only when ptrs[j] - ptrs[i]
@@ -114,9 +119,9 @@ def ticket(fw, header, arrays, pairs=()):
 
 
 def remember(plans, tkt, spans, payload):
-    """Register ``payload`` in ``plans`` under the ticket's key and pointer
-    differences (None ticket: nothing to do). ``spans``: span() of each array
-    a pair names, by index."""
+    """Register ``payload`` (a Plan) in ``plans`` (a LaunchCache.fast) under
+    the ticket's key and pointer differences (None ticket: nothing to do).
+    ``spans``: span() of each array a pair names, by index."""
     if tkt is None:
         return
     key, ptrs, pairs = tkt
@@ -144,8 +149,8 @@ def lookup(plans, key, ptrs, current_device):
 
 
 def fast_call(plans, fw, header, arrays):
-    """Launch the registered launch for ``arrays`` (a PackedLaunch with its
-    pointer patches) and return True, or return False: the general path must
+    """Run the Plan registered for ``arrays`` (its per-call words taken from
+    their pointers) and return True, or return False: the general path must
     run. ``fw``: adapter_of(arrays[0])."""
     if not plans:
         return False
@@ -155,7 +160,7 @@ def fast_call(plans, fw, header, arrays):
     hit = lookup(plans, tkt[0], tkt[1], fw[4])
     if hit is None:
         return False
-    hit.run_patched(fw[3](hit.device), tkt[1])
+    hit.run(fw[3](hit.device), *tkt[1])
     return True
 
 
@@ -188,13 +193,14 @@ def fast_key(kind, xs, config, inverse, idx1, idx2, outs, inplace, stream):
 def remember_rope(owner, tkt, plan, infos, out_infos):
     """Register a core plan that has just launched (engine.run_plan)."""
     if tkt is not None:
-        remember(owner._plans, tkt, [span(i) for i in infos] + [span(o) for o in out_infos],
-                 plan)
+        remember(owner._launches.fast, tkt,
+                 [span(i) for i in infos] + [span(o) for o in out_infos], plan)
 
 
 def fast_path(xs, config, inverse, positions, offset, seq_offsets, outs, inplace, stream):
     """Result tuple of a core call, or None when the general path must run."""
-    if not config._plans or stream is not None or (inplace and outs is not None):
+    fast = config._launches.fast
+    if not fast or stream is not None or (inplace and outs is not None):
         return None
     if type(offset) is not int or not -MAX_POSITION <= offset <= MAX_POSITION:
         return None
@@ -207,7 +213,7 @@ def fast_path(xs, config, inverse, positions, offset, seq_offsets, outs, inplace
                                                                    seq_offsets), key, ptrs)
     except NoFastPath:
         return None
-    plan = lookup(config._plans, tuple(key), ptrs, fw[4])
+    plan = lookup(fast, tuple(key), ptrs, fw[4])
     if plan is None:
         return None
     n = len(xs)

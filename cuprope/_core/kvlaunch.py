@@ -5,19 +5,17 @@ rows) and the two argument structs, packed per call.
 The kernel takes a ``RopeArgs`` (q as tensor 0, k as tensor 1, their
 outputs, positions, the angle source) and a ``KvArgs`` (v, the caches, the
 cache addressing, fp8 scales, a cos_sin_cache). Both are packed into one
-buffer (driver.PackedLaunch), which the fast paths of ``cuprope.kvcache``
-and ``cuprope.cos_sin_cache`` keep and patch with each call's pointers.
+buffer (a launcher.LaunchSpec of two parameter groups), whose per-call
+words the fast paths of ``cuprope.kvcache`` and ``cuprope.cos_sin_cache``
+fill with each call's pointers through ``Plan.run``.
 """
 from __future__ import annotations
 
-import numpy as np
-
-from .args import (ARGS, ARGS_DTYPE, ARGS_SLOTS, KV_ARGS_DTYPE, KV_ARGS_FIELDS, pack_args,
-                   pack_kv_args)
-from .driver import PackedLaunch
+from . import launcher
+from .args import KV_ARGS, ROPE_ARGS, TABLE_ARGS
 from .launch import MAX_STEPS, grid_for, sm_count
-from .loader import (ITEMSIZE, KV_ANGLE_TABLE_KERNEL, KV_ANGLES, KV_FAMILIES, MODULES,
-                     SRC_SHARED, kv_family_of, kv_kernel_name, lrpe_vec_widths, tuning)
+from .loader import (ITEMSIZE, KV_ANGLE_TABLE_KERNEL, KV_ANGLES, KV_FAMILIES, SRC_SHARED,
+                     kv_family_of, kv_kernel_name, lrpe_vec_widths, tuning)
 
 
 def pick_kv_vec(dtype, arrays, npairs, tail) -> int:
@@ -43,29 +41,16 @@ def copy_packs(tail, vec, needed) -> int:
     return 2 if tail % (2 * vec) == 0 else 1
 
 
-def kv_slot(field) -> int:
-    """The int64 slot of a field in the launch buffer, RopeArgs then KvArgs
-    (a RopeArgs pair's second element as ``name1``, e.g. ``in_ptr1``)."""
-    if field in KV_SLOTS:
-        return ARGS.size // 8 + KV_SLOTS[field]
-    name, idx = (field[:-1], int(field[-1])) if field[-1].isdigit() else (field, 0)
-    return ARGS_SLOTS[name] + idx
-
-
-KV_SLOTS = {name: i for i, (name, _, _) in enumerate(KV_ARGS_FIELDS)}
-
-
-def plan_kv(device, *, dtype, interleaved, vec, src, fp8, rope, kv, patches=()):
-    """One ``kv_rope_kernel`` launch on ``device`` as a PackedLaunch (run it
-    with ``launch(stream)``, or ``run_patched(stream, ptrs)`` to fill the
-    pointer fields first).
+def kv_spec(device, *, dtype, interleaved, vec, src, fp8, rope, kv, calls=()):
+    """One ``kv_rope_kernel`` launch on ``device`` as a launcher.LaunchSpec.
 
     ``rope``: RopeArgs fields by name (heads, n_batch, n_seq, head_dim,
     rot_dim, copy_rest, ...; head_groups and heads_per_group are set here);
-    ``kv``: KvArgs fields by name; ``patches``: (field, index, addend) per
-    pointer field ``run_patched`` fills (field as ``kv_slot`` names it).
-    Allocates nothing on the device, so a warmed-up call can be captured in a
-    CUDA graph."""
+    ``kv``: KvArgs fields by name; ``calls``: (field, index, addend) per
+    pointer field Plan.run fills from the call's pointers (a field of either
+    struct; a RopeArgs pair's element as ``name1``, e.g. ``in_ptr1``). Its
+    plan allocates nothing on the device, so a warmed-up call can be captured
+    in a CUDA graph."""
     npairs = rope["rot_dim"] // 2
     cw = rope.get("copy_rest", 0)
     chunks = npairs // vec + ((rope["head_dim"] - rope["rot_dim"]) // (vec * cw) if cw else 0)
@@ -76,12 +61,10 @@ def plan_kv(device, *, dtype, interleaved, vec, src, fp8, rope, kv, patches=()):
     grid, block, groups, per_group, smem = grid_for(sm_count(device), ITEMSIZE[dtype], npairs,
                                                     chunks, htot, tokens, slice_, 0,
                                                     MAX_STEPS[SRC_SHARED])
-    ra = pack_args(head_groups=groups, heads_per_group=per_group, **rope)
-    ka = pack_kv_args(**kv)
-    name = kv_kernel_name(dtype, interleaved, vec, src, fp8)
-    fn = MODULES.functions(device, kv_family_of(src))[name]
-    return PackedLaunch(device, fn, grid, block, smem, [(ra, ARGS_DTYPE), (ka, KV_ARGS_DTYPE)],
-                        [(kv_slot(f), i, add) for f, i, add in patches])
+    ra = ROPE_ARGS.pack(head_groups=groups, heads_per_group=per_group, **rope)
+    return launcher.LaunchSpec(kv_kernel_name(dtype, interleaved, vec, src, fp8),
+                               kv_family_of(src), grid, block, smem,
+                               [(ROPE_ARGS, ra), (KV_ARGS, KV_ARGS.pack(**kv))], calls, vec=vec)
 
 
 KV_FAMILIES_ANGLES = KV_FAMILIES[0]  # the family holding the table's builder
@@ -103,15 +86,17 @@ def angle_table(config, device):
     inv_freq, _ = config.device_tables(device)
     with cupy.cuda.Device(device):
         table = cupy.empty((rows, 2 * npairs), dtype=cupy.float32)
-        ra = np.frombuffer(bytearray(pack_args(rot_dim=config.rotary_dim,
-                                               inv_freq_ptr=inv_freq.data.ptr,
-                                               scale=config.scale, sin_sign=1.0)),
-                           dtype=np.int64).view(ARGS_DTYPE)
-        fn = MODULES.functions(device, KV_FAMILIES_ANGLES)[KV_ANGLE_TABLE_KERNEL]
+        ra = ROPE_ARGS.pack(rot_dim=config.rotary_dim, inv_freq_ptr=inv_freq.data.ptr,
+                            scale=config.scale, sin_sign=1.0)
         n = rows * npairs
         threads = tuning("CUPROPE_THREADS")  # kv_angle_table_kernel's bound (kThreads)
-        fn((-(-n // threads), 1, 1), (threads, 1, 1),
-           (ra, np.int64(table.data.ptr), np.int64(rows)))
-        cupy.cuda.get_current_stream().synchronize()
+        spec = launcher.LaunchSpec(KV_ANGLE_TABLE_KERNEL, KV_FAMILIES_ANGLES,
+                                   (-(-n // threads), 1, 1), (threads, 1, 1), 0,
+                                   [(ROPE_ARGS, ra),
+                                    (TABLE_ARGS, TABLE_ARGS.pack(out_ptr=table.data.ptr,
+                                                                 rows=rows))])
+        stream = cupy.cuda.get_current_stream()
+        launcher.plan(spec, device).run(stream.ptr)
+        stream.synchronize()
     config.angle_tables[device] = table
     return table

@@ -1,22 +1,20 @@
-"""Packs kernel arguments, picks the vector width and the grid, launches.
-
-Everything here is per call and on the host hot path: no allocation of
-tables (they are cached per device in RopeConfig), no synchronisation.
+"""The rope kernel family's launch as data: the vector width, the grid and
+the packed RopeArgs of one call signature, as a launcher.LaunchSpec
+(``rope_spec``; the core, the cos/sin tables, LRPE and the JAX lowering
+state their launches through it). ``rope_spec`` allocates nothing and
+touches no device (``sm_count`` reads the device's properties once).
 """
 from __future__ import annotations
 
-import numpy as np
-
-from .args import ARGS, ARGS_DTYPE, ARGS_SLOTS, pack_args
-from .driver import PackedLaunch
-from .loader import (ITEMSIZE, LRPE_ACTS, MODULES, SEQ_SLICES, SRC_PER_HEAD, SRC_SHARED,
-                     SRC_TABLE, family_of, kernel_name, lrpe_vec_widths, seq_stats_kernel_name,
-                     tuning, vec_widths)
+from .args import ROPE_ARGS
+from .launcher import LaunchSpec
+from .loader import (ITEMSIZE, LRPE_ACTS, SEQ_SLICES, SRC_PER_HEAD, SRC_SHARED, SRC_TABLE,
+                     family_of, flat_kernel_name, kernel_name, lrpe_vec_widths,
+                     seq_stats_kernel_name, tuning, vec_widths)
 
 SMEM_LIMIT = 48 * 1024  # per block, the most a launch gets without opting in
 
 _SM_COUNT: dict[int, int] = {}
-_FUNCS: dict = {}
 
 
 def sm_count(device: int) -> int:
@@ -81,16 +79,6 @@ def ring_bytes(stages, src) -> int:
     if not stages:
         return 0
     return (2 * stages + (4 if src == SRC_TABLE else 0)) * SLOT_BYTES
-
-
-def _function(device, dtype, interleaved, vec, src, act=0, backward=False):
-    key = (device, dtype, interleaved, vec, src, act, backward)
-    fn = _FUNCS.get(key)
-    if fn is None:
-        name = kernel_name(dtype, interleaved, vec, src, act, backward)
-        fn = MODULES.functions(device, family_of(act, src))[name]
-        _FUNCS[key] = fn
-    return fn
 
 
 class TensorPlan:
@@ -193,90 +181,23 @@ def _token_grid(itemsize, per_warp, units):
     return (-(-units // wpb), 1, 1), (32 * wpb, 1, 1), wpb * per_warp
 
 
-# Slots of the per-call fields in the int64 view of RopeArgs.
-_IN0, _OUT0 = ARGS_SLOTS["in_ptr"], ARGS_SLOTS["out_ptr"]
-_IN1, _OUT1 = _IN0 + 1, _OUT0 + 1
-_POS, _SEQ, _OFFSET = ARGS_SLOTS["pos_ptr"], ARGS_SLOTS["seq_off_ptr"], ARGS_SLOTS["offset"]
-_AUX, _STATS = ARGS_SLOTS["aux_ptr"], ARGS_SLOTS["stats_ptr"]
+# The per-call words of a rope launch (LaunchSpec.calls) and the values
+# Plan.run takes: (in0, in1, out0, out1, positions or cos, sequence offsets
+# or sin, offset); and of an LRPE launch: (x or dO, out, x of the fused
+# backward, statistics, offset).
+ROPE_CALLS = (("in_ptr0", 0, 0), ("in_ptr1", 1, 0), ("out_ptr0", 2, 0), ("out_ptr1", 3, 0),
+              ("pos_ptr", 4, 0), ("seq_off_ptr", 5, 0), ("offset", 6, 0))
+LRPE_CALLS = (("in_ptr0", 0, 0), ("in_ptr1", 0, 0), ("out_ptr0", 1, 0), ("out_ptr1", 1, 0),
+              ("aux_ptr", 2, 0), ("stats_ptr", 3, 0), ("offset", 4, 0))
 
 
-class LaunchPlan(PackedLaunch):
-    """Everything about a rope launch that does not change from call to call
-    with the same shapes, strides, dtypes and settings: the kernel, the grid
-    and the packed RopeArgs whose pointer and offset fields ``run`` fills in."""
-
-    __slots__ = ("vec", "align", "pre")
-
-    def __init__(self, device, func, grid, block, smem, vec, align, args):
-        super().__init__(device, func, grid, block, smem, [(args, ARGS_DTYPE)])
-        self.vec, self.align = vec, align
-        self.pre = None  # LRPE sequence softmax: the statistics pass launched first
-
-    @property
-    def buf(self):
-        """The packed RopeArgs as int64 words (a NumPy view of the buffer)."""
-        return np.frombuffer(self._raw, dtype=np.int64)
-
-    def run(self, stream_ptr, in0, in1, out0, out1, pos_ptr, seq_ptr, offset):
-        b = self.words
-        b[_IN0] = in0
-        b[_IN1] = in1
-        b[_OUT0] = out0
-        b[_OUT1] = out1
-        b[_POS] = pos_ptr
-        b[_SEQ] = seq_ptr
-        b[_OFFSET] = offset
-        d = self.bound  # the driver call inline (PackedLaunch.launch does the rest)
-        if d is None or d.stream != stream_ptr or d.call(*d.args):
-            self.launch(stream_ptr)
-
-    def run_lrpe(self, stream_ptr, in0, out0, aux, stats, offset):
-        """LRPE launch (one tensor): the statistics pass first when planned."""
-        if self.pre is not None:
-            self.pre.run_lrpe(stream_ptr, in0, out0, aux, stats, offset)
-        b = self.words
-        b[_IN0] = b[_IN1] = in0
-        b[_OUT0] = b[_OUT1] = out0
-        b[_AUX] = aux
-        b[_STATS] = stats
-        b[_OFFSET] = offset
-        self.launch(stream_ptr)
-
-
-class Launch:
-    """What a launch is, apart from its pointers, stream and offset: the
-    instantiation (``name``: its name expression), grid, block, dynamic
-    shared bytes, vector width and the packed RopeArgs; ``pre``: the LRPE
-    sequence-softmax statistics pass, (name, grid, block), or None."""
-
-    __slots__ = ("name", "grid", "block", "smem", "vec", "args", "pre", "key")
-
-    def __init__(self, name, grid, block, smem, vec, args, pre, key):
-        self.name, self.grid, self.block, self.smem = name, grid, block, smem
-        self.vec, self.args, self.pre, self.key = vec, args, pre, key
-
-
-def make_plan(*, device, **kw):
-    """Plan one rope launch on ``device`` (plan_launch's arguments) as a
-    LaunchPlan ready to run."""
-    spec = plan_launch(sms=sm_count(device), **kw)
-    func = _function(device, *spec.key)
-    itemsize = ITEMSIZE[kw["dtype"]]
-    plan = LaunchPlan(device, func, spec.grid, spec.block, spec.smem, spec.vec,
-                      spec.vec * itemsize, spec.args)
-    if spec.pre is not None:
-        name, grid, block = spec.pre
-        stats_fn = MODULES.functions(device, family_of(spec.key[4], spec.key[3]))[name]
-        plan.pre = LaunchPlan(device, stats_fn, grid, block, 0, spec.vec, spec.vec * itemsize,
-                              spec.args)
-    return plan
-
-
-def plan_launch(*, sms, dtype, interleaved, plans, n_batch, n_seq, head_dim, rot_dim,
-                copy_rest, pos, seq_off, inv_freq_ptr, freq_sh, stream_map_ptr, scale, sin_sign,
-                act=0, backward_act=False, aux=None, table=None) -> Launch:
-    """Plan one rope launch over one or two tensors (q and k) on a GPU of
-    ``sms`` multiprocessors (no device is touched: the JAX lowering plans too).
+def rope_spec(*, sms, dtype, interleaved, plans, n_batch, n_seq, head_dim, rot_dim,
+              copy_rest, pos, seq_off, inv_freq_ptr, freq_sh, stream_map_ptr, scale, sin_sign,
+              act=0, backward_act=False, aux=None, table=None, calls=ROPE_CALLS) -> LaunchSpec:
+    """The LaunchSpec of one rope launch over one or two tensors (q and k) on
+    a GPU of ``sms`` multiprocessors (no device is touched: the JAX lowering
+    plans too). Plan.run then takes ``calls``' values: ROPE_CALLS (the core,
+    the tables) or LRPE_CALLS (cuprope.lrpe, every activation).
 
     plans: TensorPlan per tensor (pointers only decide the vector width);
     pos: None or (is64, stride_stream, stride_b, stride_s); seq_off: None or is64.
@@ -291,7 +212,7 @@ def plan_launch(*, sms, dtype, interleaved, plans, n_batch, n_seq, head_dim, rot
     kernels' activation code, ``backward_act`` selects the fused backward
     through it, reading x from ``aux`` (a TensorPlan whose in_ptr/in_strides
     describe x). Act 5 (softmax over the sequence) gets a statistics pass,
-    ``plan.pre``; launch with ``run_lrpe``."""
+    the spec's ``pre``, run first with the same words."""
     npairs = rot_dim // 2
     tail = head_dim - rot_dim if copy_rest else 0
     lrpe = act != 0 or backward_act
@@ -333,8 +254,8 @@ def plan_launch(*, sms, dtype, interleaved, plans, n_batch, n_seq, head_dim, rot
             raise ValueError("the cos/sin tables take the position fields")
         psb, pst = table[2], table[3]
     aux_strides = aux.in_strides if aux is not None else (0, 0, 0)
-    # pointers and the offset are written per call (LaunchPlan.run, run_lrpe)
-    args = pack_args(
+    # pointers and the offset are written per call (ROPE_CALLS, LRPE_CALLS)
+    args = ROPE_ARGS.pack(
         **dict(zip(("in_sb", "in_ss", "in_sh"), zip(p0.in_strides, p1.in_strides))),
         **dict(zip(("out_sb", "out_ss", "out_sh"), zip(p0.out_strides, p1.out_strides))),
         heads=heads, n_batch=n_batch, n_seq=n_seq, head_dim=head_dim, rot_dim=rot_dim,
@@ -343,10 +264,14 @@ def plan_launch(*, sms, dtype, interleaved, plans, n_batch, n_seq, head_dim, rot
         stream_map_ptr=stream_map_ptr, scale=scale, sin_sign=sin_sign, head_groups=groups,
         heads_per_group=per_group, aux_sb=aux_strides[0], aux_ss=aux_strides[1],
         aux_sh=aux_strides[2], stats_plane=n_batch * heads[0] * head_dim, tok_tile=tile)
+    key = (dtype, interleaved, vec, src, act, backward_act)
+    family = family_of(act, src)
+    align = vec * ITEMSIZE[dtype]
     pre = None
     if act == SOFTMAX_SEQ:
         cols = n_batch * heads[0] * npairs
-        pre = (seq_stats_kernel_name(dtype, backward_act), (-(-cols // 32), 1, 1),
-               (32, SEQ_SLICES, 1))
-    key = (dtype, interleaved, vec, src, act, backward_act)
-    return Launch(kernel_name(*key), grid, block, smem, vec, args, pre, key)
+        pre = LaunchSpec(seq_stats_kernel_name(dtype, backward_act), family,
+                         (-(-cols // 32), 1, 1), (32, SEQ_SLICES, 1), 0, [(ROPE_ARGS, args)],
+                         calls)
+    return LaunchSpec(kernel_name(*key), family, grid, block, smem, [(ROPE_ARGS, args)], calls,
+                      flat=flat_kernel_name(*key), pre=pre, vec=vec, align=align)

@@ -14,7 +14,7 @@ import os
 import threading
 from pathlib import Path
 
-from . import loader
+from . import args, loader
 
 _LOCK = threading.Lock()
 _MEMORY: dict = {}
@@ -46,9 +46,10 @@ def _include_dirs():
 
 
 def options(arch: int) -> list[str]:
-    """NVRTC options: the package's, CuPy's standard ones, the arch."""
-    return (list(loader.compile_options()) + ["--std=c++17", "-ftz=true",
-                                              f"-arch=compute_{arch}"]
+    """NVRTC options: the package's, the flat entries' generated parameter
+    lists (args.flat_defines), CuPy's standard ones, the arch."""
+    return (list(loader.compile_options()) + list(args.flat_defines())
+            + ["--std=c++17", "-ftz=true", f"-arch=compute_{arch}"]
             + [f"-I{d}" for d in _include_dirs()])
 
 

@@ -1,39 +1,25 @@
-"""How the fused QK-norm + RoPE kernels (kernels/qknorm.cuh) are launched: the
-host's mirror of ``struct QkNormArgs``, the launch geometry, the struct's
-words and the weight-gradient reduction's arguments.
-
-Both launchers read them from here, so they cannot drift: the eager GPU path
-(``cuprope.qknorm``, CuPy, the by-value kernels) and the JAX lowering
-(``cuprope.jax_qknorm``, jaxlib's GPU kernel call, the flat entries of
-kernels/qknorm_flat.cuh, every word fixed at trace time from the avals). The
-functions take a validated call (``cuprope.qknorm.QkNormCall``) and the infos
-of the kernel's inputs and outputs (arrays, or avals seen as row-major arrays).
+"""How the fused QK-norm + RoPE kernels (kernels/qknorm.cuh) are launched:
+the launch geometry, the struct's fields, and the LaunchSpecs of the kernel
+and of the weight-gradient reduction, which the one launcher
+(``cuprope._core.launcher``) plans and runs eagerly (``cuprope.qknorm``),
+replays from the fast path, and lowers under ``jax.jit``
+(``cuprope.jax_qknorm``: the flat entries of kernels/qknorm_flat.cuh, every
+word fixed at trace time from the avals). The functions take a validated
+call (``cuprope.qknorm.QkNormCall``) and the infos of the kernel's inputs
+and outputs (arrays, or avals seen as row-major arrays).
 """
 from __future__ import annotations
 
 import dataclasses
-import struct
 
-import numpy as np
-
-from .. import qknorm_reference as qref
 from . import args, engine, loader
 from .launch import SMEM_LIMIT, TensorPlan, pick_vec
+from .launcher import LaunchSpec
 from .layout import canon_sizes, canon_strides
 
-# The int64 fields of struct QkNormArgs after its RopeArgs (kernels/qknorm.cuh), in
-# order, (name, count); then two doubles, eps and weight_offset. ARGS_EXTRA packs them
-# (tests/test_qknorm.py compares both with the C struct).
-ARGS_EXTRA_FIELDS = (("x_ptr", 2), ("x_sb", 2), ("x_ss", 2), ("x_sh", 2), ("w_ptr", 2),
-                     ("w_dtype", 2), ("w_col", 2), ("part_ptr", 1), ("part_cols", 1),
-                     ("norm_token", 1), ("rope_first", 1), ("rounding", 1), ("table", 1))
-ARGS_EXTRA = struct.Struct("<" + "q" * sum(n for _, n in ARGS_EXTRA_FIELDS) + "dd")
-# The whole struct as args.ARGS_FIELDS lists RopeArgs: (name, count, kind).
-QKNORM_ARGS_FIELDS = (args.ARGS_FIELDS + tuple((n, c, "q") for n, c in ARGS_EXTRA_FIELDS)
-                      + (("eps", 1, "d"), ("weight_offset", 1, "d")))
-QKNORM_ARGS = struct.Struct(args.ARGS.format + ARGS_EXTRA.format[1:])
-QKNORM_SLOTS = args.field_slots(QKNORM_ARGS_FIELDS)
+QKNORM_ARGS = args.QKNORM_ARGS  # struct QkNormArgs: a RopeArgs, then the norm's fields
 W_DTYPE = {"float32": 0, "float16": 1, "bfloat16": 2}  # QkNormArgs.w_dtype
+ROUNDINGS = ("exact", "cast_then_weight", "weight_then_cast")  # QkNormArgs.rounding codes
 
 WARPS = loader.tuning("CUPROPE_QKNORM_WARPS")  # per block, every QK-norm kernel (kQkWarps)
 THREADS = 32 * WARPS
@@ -42,12 +28,15 @@ THREADS = 32 * WARPS
 # same kernel (a launch without opting in gets SMEM_LIMIT bytes in all).
 SMEM_BUDGET = SMEM_LIMIT - QKNORM_ARGS.size
 
-# The flat entries' parameters (kernels/qknorm_flat.cuh): these pointer words,
-# inputs before outputs (XLA's buffer order), then every other word in struct order.
-FLAT_POINTERS = ("in_ptr0", "in_ptr1", "x_ptr0", "x_ptr1", "pos_ptr", "seq_off_ptr", "w_ptr0",
-                 "w_ptr1", "inv_freq_ptr", "stream_map_ptr", "out_ptr0", "out_ptr1", "part_ptr")
-FLAT_OUTPUTS = ("out_ptr0", "out_ptr1", "part_ptr")
-FLAT_POINTER_SLOTS, FLAT_WORDS = args.flat_order(QKNORM_ARGS_FIELDS, FLAT_POINTERS)
+# The per-call words of a QK-norm launch (LaunchSpec.calls) and the values
+# Plan.run takes: (in0, in1, out0, out1, q weight, k weight, positions or
+# cos, seq_offsets or sin, offset, then, backward, the saved q, k and the
+# partial rows); forward, x is the input itself.
+_COMMON = (("in_ptr0", 0, 0), ("in_ptr1", 1, 0), ("out_ptr0", 2, 0), ("out_ptr1", 3, 0),
+           ("w_ptr0", 4, 0), ("w_ptr1", 5, 0), ("pos_ptr", 6, 0), ("seq_off_ptr", 7, 0),
+           ("offset", 8, 0))
+FORWARD_CALLS = _COMMON + (("x_ptr0", 0, 0), ("x_ptr1", 1, 0))
+BACKWARD_CALLS = _COMMON + (("x_ptr0", 9, 0), ("x_ptr1", 10, 0), ("part_ptr", 11, 0))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -170,36 +159,39 @@ def struct_fields(call, ins, out_infos, geo, *, inv_freq_ptr, stream_map_ptr, pa
         w_dtype=[0 if x is None else W_DTYPE[x.dtype] for x in w], w_col=[0, wlen[0]],
         part_ptr=part_ptr, part_cols=geo.part_cols, norm_token=int(call.over == "token"),
         rope_first=int(call.order == "rope_then_norm"),
-        rounding=qref.ROUNDINGS.index(call.rounding), table=int(call.tables is not None),
+        rounding=ROUNDINGS.index(call.rounding), table=int(call.tables is not None),
         eps=call.eps, weight_offset=call.weight_offset)
     return fields
 
 
-def pack(fields) -> bytes:
-    """QkNormArgs packed from its fields by name (struct_fields)."""
-    return args.pack_fields(QKNORM_ARGS_FIELDS, QKNORM_ARGS, "QkNormArgs", fields)
+def spec(call, ins, out_infos, geo, *, inv_freq_ptr, stream_map_ptr, part_ptr) -> LaunchSpec:
+    """The LaunchSpec of the QK-norm kernel of ``call`` launched as ``geo``
+    (struct_fields' arguments; Plan.run takes FORWARD_CALLS' or
+    BACKWARD_CALLS' values)."""
+    raw = QKNORM_ARGS.pack(**struct_fields(call, ins, out_infos, geo, inv_freq_ptr=inv_freq_ptr,
+                                           stream_map_ptr=stream_map_ptr, part_ptr=part_ptr))
+    return LaunchSpec(geo.kernel_name, "qknorm", (geo.blocks, 1, 1), (THREADS, 1, 1), geo.smem,
+                      [(QKNORM_ARGS, raw)], BACKWARD_CALLS if geo.backward else FORWARD_CALLS,
+                      flat=geo.flat_name, vec=max(geo.vec, 1),
+                      align=max(geo.vec, 1) * loader.ITEMSIZE[geo.dtype])
 
 
-def flat_words(packed) -> list[int]:
-    """The non-pointer words of a packed QkNormArgs in the flat entries'
-    order (FLAT_WORDS; the doubles as their bit patterns)."""
-    words = np.frombuffer(packed, dtype=np.int64)
-    return [int(words[i]) for i in FLAT_WORDS]
-
-
-def dw_launches(call, geo):
+def dw_specs(call, geo, *, part_ptr=0, out_ptrs=(0, 0), out_dtype=None):
     """The weight-gradient reductions of a backward launched as ``geo``: per
-    weight (q's, then k's; absent ones left out), (tensor index, grid blocks,
-    the scalar arguments of qknorm_dw_kernel between its part_ptr and
-    out_ptr (rows, stride, first column, columns), and its out_dtype).
-    Blocks of THREADS threads, one column per lane."""
+    weight (q's, then k's; absent ones left out), (tensor index, the
+    LaunchSpec of qknorm_dw_kernel summing the partial rows at ``part_ptr``
+    into the weight gradient at ``out_ptrs[i]``, in ``out_dtype`` (default:
+    the weight's dtype; "float32" for partial sums reduced later)). Blocks of
+    THREADS threads, one column per lane."""
     out, wlen = [], weight_lengths(call)
     for i, w in enumerate(call.winfos):
         if w is None:
             continue
-        col0 = 0 if i == 0 else wlen[0]
-        out.append((i, -(-wlen[i] // 32), (geo.part_rows, geo.part_cols, col0, wlen[i]),
-                    W_DTYPE[w.dtype]))
+        raw = args.DW_ARGS.pack(part_ptr=part_ptr, rows=geo.part_rows, stride=geo.part_cols,
+                                col0=0 if i == 0 else wlen[0], cols=wlen[i], out_ptr=out_ptrs[i],
+                                out_dtype=W_DTYPE[out_dtype or w.dtype])
+        out.append((i, LaunchSpec(loader.QKNORM_DW_KERNEL, "qknorm", (-(-wlen[i] // 32), 1, 1),
+                                  (THREADS, 1, 1), 0, [(args.DW_ARGS, raw)])))
     return out
 
 

@@ -6,10 +6,12 @@ data names a PTX entry, its grid, block (warps), shared memory and flat
 parameters, each either an XLA buffer (taken in buffer order: operands, then
 results) or a scalar. cuprope's kernels take one ``RopeArgs`` struct, which no
 flat parameter list can carry, so each instantiation also has a flat entry
-(``kernels/flat.cuh``): the struct's ten pointers first, in XLA's buffer order
-(``args.FLAT_POINTERS``), then its other 35 words in struct order. Every
-word is fixed here, at lowering time, from the avals and the static call;
-the pointers come from XLA when the program runs.
+(``kernels/flat.cuh``, its parameters generated from the field list:
+``args.ROPE_ARGS``): the struct's ten pointers first, in XLA's buffer order,
+then its other 35 words in struct order. The launch is the same LaunchSpec
+the eager path plans (``launch.rope_spec``), turned into the flat call by
+``launcher.flat_call``: every word is fixed here, at lowering time, from
+the avals and the static call; the pointers come from XLA when the program runs.
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ import zlib
 
 import numpy as np
 
-from . import args, launch, loader, ptx, validate
+from . import launch, launcher, loader, ptx, validate
 from .layout import LAYOUTS, canon_sizes, canon_strides
 
 
@@ -94,8 +96,8 @@ def tensor_plan(aval, layout):
 
 
 def _plan(call, avals):
-    """(Launch, the XLA inputs by pointer role: an operand index or a host
-    table to embed as a constant)."""
+    """(LaunchSpec, the XLA inputs by pointer role: an operand index or a
+    host table to embed as a constant)."""
     from ..config import config_by_key
     xs = avals[:call.n]
     layout = call.layout
@@ -146,7 +148,7 @@ def _plan(call, avals):
         if fused_x:
             inputs["aux_ptr"] = i = next(rest)
             kw["aux"] = tensor_plan(avals[i], layout)
-    return launch.plan_launch(sms=sm_count(), **kw), inputs
+    return launch.rope_spec(sms=sm_count(), **kw), inputs
 
 
 def sm_count():
@@ -169,28 +171,17 @@ def constant_operand(table):
     return mlir.ir_constant(np.frombuffer(table.tobytes(), dtype=np.uint32)), [0]
 
 
-def array_param(align=0):
-    """A kernel-call parameter taking the next XLA buffer (operands, then
-    results), whose address XLA checks to be a multiple of ``align`` (0: any)."""
-    return ("array", int(align))
-
-
-def scalar_param(value, kind="i64"):
-    """A kernel-call parameter passing ``value`` (kind "i64" or "u64")."""
-    return ("scalar", int(value), kind)
-
-
 def kernel_call(name, *, grid, warps, smem, params, operands, operand_layouts, result_avals,
                 operand_output_aliases=None):
     """The results of one ``triton_kernel_call`` custom call launching the
     instantiation ``name`` (a name expression; PTX from NVRTC, compiled for
     the GPU's compute capability) on ``grid`` (3 ints) with blocks of
     ``warps`` warps in one dimension and ``smem`` bytes of dynamic shared
-    memory. ``params``: array_param / scalar_param in the kernel's parameter
-    order, the array parameters taking ``operands`` then the results in
-    order. Everything is fixed here; XLA only supplies the buffers.
-    ``operand_output_aliases`` ({operand index: result index}): results that
-    are their operand's buffer (XLA's custom-call aliasing)."""
+    memory. ``params``: ("array", align) / ("scalar", value, kind) in the
+    kernel's parameter order, the array parameters taking ``operands`` then
+    the results in order. Everything is fixed here; XLA only supplies the
+    buffers. ``operand_output_aliases`` ({operand index: result index}):
+    results that are their operand's buffer (XLA's custom-call aliasing)."""
     from jax._src.interpreters import mlir as _mlir
     from jax._src.lib import gpu_triton as kc
     from jax._src.lib.mlir import ir
@@ -211,15 +202,17 @@ def kernel_call(name, *, grid, warps, smem, params, operands, operand_layouts, r
         result_layouts=[layout_of(a) for a in result_avals]).results
 
 
-def seq_stats_call(ctx, ins, call, spec, inputs, words):
-    """LRPE's softmax over the sequence: the statistics pass as its own kernel
-    call (``lrpe_seq_stats_flat_kernel``, kernels/lrpe.cuh: the by-value
+def seq_stats_call(ctx, ins, pre, inputs, words):
+    """LRPE's softmax over the sequence: the statistics pass (``pre``, the
+    spec's LaunchSpec of ``lrpe_seq_stats_kernel``) as its own kernel call
+    through ``lrpe_seq_stats_flat_kernel`` (kernels/lrpe.cuh: the by-value
     kernel's work in one-dimensional blocks), before the rotation. Its
-    parameters: the packed RopeArgs (a constant), x (dO in the backward), the
-    frequency table, aux (x, backward) and the float statistics planes it
-    returns, ``[2 or 3, B*H*D]`` flat. Returns (that result, its aval)."""
+    parameters: the packed RopeArgs ``words`` (a constant), x (dO in the
+    backward), the frequency table, aux (x, backward) and the float
+    statistics planes it returns, ``[2 or 3, B*H*D]`` flat. Returns (that
+    result, its (shape, dtype))."""
     import jax
-    name, grid, block = spec.pre
+    (st, _), = pre.params
     fused_x = "aux_ptr" in inputs
     operands = [constant_operand(words)[0], ins[inputs["in_ptr0"]],
                 constant_operand(inputs["inv_freq_ptr"])[0]]
@@ -227,62 +220,72 @@ def seq_stats_call(ctx, ins, call, spec, inputs, words):
     if fused_x:
         operands.append(ins[inputs["aux_ptr"]])
         layouts.append(layout_of(ctx.avals_in[inputs["aux_ptr"]]))
-    params = [array_param(8), array_param(), array_param(8),
-              array_param() if fused_x else scalar_param(0, "u64"), array_param()]
-    plane = int(words[args.ARGS_SLOTS["stats_plane"]])
-    stats = jax.core.ShapedArray(((3 if fused_x else 2) * plane,), np.float32)
-    return kernel_call(name.replace("lrpe_seq_stats_kernel<", "lrpe_seq_stats_flat_kernel<", 1),
-                       grid=grid, warps=block[0] * block[1] // 32, smem=0, params=params,
-                       operands=operands, operand_layouts=layouts, result_avals=[stats])[0], stats
+    params = [("array", 8), ("array", 0), ("array", 8),
+              ("array", 0) if fused_x else ("scalar", 0, "u64"), ("array", 0)]
+    shape = ((3 if fused_x else 2) * int(words[st.slot("stats_plane")]),)
+    stats = jax.core.ShapedArray(shape, np.float32)
+    name = pre.kernel.replace("lrpe_seq_stats_kernel<", "lrpe_seq_stats_flat_kernel<", 1)
+    out = kernel_call(name, grid=pre.grid, warps=pre.block[0] * pre.block[1] // 32, smem=0,
+                      params=params, operands=operands, operand_layouts=layouts,
+                      result_avals=[stats])
+    return out[0], (shape, np.dtype(np.float32))
+
+
+def emit(ctx, ins, fc, part=None, aliases=None):
+    """The results of the flat call ``fc`` (launcher.FlatCall) in a lowering:
+    its operand references resolved against the lowering's inputs ``ins``
+    (``part``: the ir value an ("part",) reference reads), its results
+    ``fc.results`` or, when empty, the context's; ``aliases``: as
+    kernel_call's ``operand_output_aliases``."""
+    operands, layouts = [], []
+    for ref in fc.operands:
+        if ref[0] == "operand":
+            operands.append(ins[ref[1]])
+            layouts.append(layout_of(ctx.avals_in[ref[1]]))
+        elif ref[0] == "constant":  # a host table, bit for bit
+            op, lay = constant_operand(ref[1])
+            operands.append(op)
+            layouts.append(lay)
+        else:
+            operands.append(part)
+            layouts.append([0])
+    import jax
+    result_avals = ([jax.core.ShapedArray(s, d) for s, d in fc.results] if fc.results
+                    else ctx.avals_out)
+    return kernel_call(fc.name, grid=fc.grid, warps=fc.warps, smem=fc.smem, params=fc.params,
+                       operands=operands, operand_layouts=layouts, result_avals=result_avals,
+                       operand_output_aliases=aliases)
 
 
 def lower_cuda(ctx, *ins, call):
-    """The lowering rule: a ``triton_kernel_call`` custom call whose operands
-    are the inputs in pointer-role order (embedded tables as constants). LRPE's
-    softmax over the sequence runs its statistics call first; the rotation
-    then reads the statistics through the ``stats_ptr`` parameter as a result
-    aliased to its operand, which XLA's buffer order places in the unused
+    """The lowering rule of ``cuprope.jax``'s primitive: the eager path's
+    LaunchSpec as one kernel call whose operands are the inputs in
+    pointer-role order (embedded tables as constants). LRPE's softmax over
+    the sequence runs its statistics call first; the rotation then reads the
+    statistics through ``stats_ptr``, a result aliased to its operand, which
+    XLA's buffer order (operands, then results) places in the unused
     ``in_ptr1`` slot (one tensor: the kernel never reads in_ptr[1])."""
     spec, inputs = _plan(call, ctx.avals_in)
-    words = np.frombuffer(spec.args, dtype=np.int64).copy()
-    words[args.ARGS_SLOTS["offset"]] = call.offset
-    stats = None
-    if spec.pre is not None:
-        stats, stats_aval = seq_stats_call(ctx, ins, call, spec, inputs, words)
-    align = spec.vec * np.dtype(ctx.avals_in[0].dtype).itemsize
     vector_roles = {"in_ptr0", "in_ptr1", "aux_ptr", "out_ptr0", "out_ptr1"}
     if call.kind == "table":
         vector_roles |= {"pos_ptr", "seq_off_ptr"}  # the cos and sin tables
-    operands, layouts, params = [], [], []
-    outputs = {"out_ptr0", "out_ptr1"} if call.n == 2 else {"out_ptr0"}
-    if stats is not None:
-        outputs.add("stats_ptr")
-    for role in args.FLAT_POINTERS:
-        src = inputs.get(role)
-        if role == "in_ptr1" and stats is not None:
-            params.append(array_param())
-            operands.append(stats)
-            layouts.append([0])
-            continue
-        if src is None and role not in outputs:
-            params.append(scalar_param(0, "u64"))
-            continue
-        params.append(array_param(
-            align if role in vector_roles else 8 if role == "inv_freq_ptr" else 0))
-        if role in outputs:
-            continue
-        if isinstance(src, int):
-            operands.append(ins[src])
-            layouts.append(layout_of(ctx.avals_in[src]))
-        else:  # a host table, bit for bit
-            op, lay = constant_operand(src)
-            operands.append(op)
-            layouts.append(lay)
-    params += [scalar_param(words[i]) for i in args.FLAT_WORDS]
-    extra = [] if stats is None else [stats_aval]
-    out = kernel_call(loader.flat_kernel_name(*spec.key), grid=spec.grid,
-                      warps=spec.block[0] // 32, smem=spec.smem, params=params,
-                      operands=operands, operand_layouts=layouts,
-                      result_avals=list(ctx.avals_out) + extra,
-                      operand_output_aliases=None if stats is None else {1: len(ctx.avals_out)})
+    outputs = ("out_ptr0", "out_ptr1") if call.n == 2 else ("out_ptr0",)
+    sources = {r: ("operand", src) if isinstance(src, int) else ("constant", src)
+               for r, src in inputs.items()}
+    sources.update({r: "out" for r in outputs})
+    align = {r: spec.align if r in vector_roles else 8 if r == "inv_freq_ptr" else 0
+             for r in sources}
+    fixed = {"offset": call.offset}
+    if spec.pre is None:
+        return emit(ctx, ins, launcher.flat_call(spec, sources, align, fixed=fixed))
+    (st, raw), = spec.params
+    words = np.frombuffer(raw, dtype=np.int64).copy()
+    words[st.slot("offset")] = call.offset
+    stats, stats_result = seq_stats_call(ctx, ins, spec.pre, inputs, words)
+    sources.update({"in_ptr1": ("part",), "stats_ptr": "out"})
+    align.update({"in_ptr1": 0, "stats_ptr": 0})
+    results = [(tuple(a.shape), np.dtype(a.dtype)) for a in ctx.avals_out] + [stats_result]
+    fc = launcher.flat_call(spec, sources, align, fixed=fixed, results=results)
+    out = emit(ctx, ins, fc, part=stats,
+               aliases={fc.operands.index(("part",)): len(ctx.avals_out)})
     return out[:len(ctx.avals_out)]

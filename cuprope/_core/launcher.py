@@ -1,0 +1,254 @@
+"""The one launcher: every op states its launch as data (``LaunchSpec``), and
+this module
+
+* plans it on a device (``plan``: the kernel from the loader's catalogue,
+  its packed arguments in one buffer, the driver call prepared),
+* caches it (``LaunchCache``: typed caches of plans by call signature and
+  of fast-path entries by array signature, one per owner),
+* runs it eagerly through the CUDA driver on the caller's stream
+  (``Plan.run(stream, *values)``: the per-call words written, the launch made),
+* replays it from the fast paths (``cuprope._core.fastpath`` keeps Plans and
+  calls the same ``Plan.run``),
+* and lowers it under ``jax.jit`` as a kernel call (``flat_call``: the flat
+  entry and its parameters; ``cuprope._core.xla.emit`` emits it),
+
+all from the same spec, so eager, fast and jit calls launch the same kernel
+body with the same grid, shared memory and argument words.
+
+A spec's ``params`` are (ArgStruct, packed bytes) per kernel parameter group:
+a struct passed by value (one parameter) or a spread list of 8-byte scalars
+(one parameter each; ``cuprope._core.args``). Its ``calls`` name the words
+written per call: (buffer slot, index into the call's values, addend).
+"""
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+
+import numpy as np
+
+from .driver import DRIVER, Stream
+from .loader import MODULES
+
+
+class LaunchSpec:
+    """One launch as data: ``kernel`` (a name expression of ``family`` in the
+    loader's catalogue), ``grid``, ``block``, ``smem`` (dynamic shared bytes),
+    ``params`` ((ArgStruct, bytes) per parameter group, in order), ``calls``
+    ((buffer slot, value index, addend) per word written per call), ``flat``
+    (the name expression of the kernel's flat entry for the jit lowering;
+    None: the kernel's parameters are flat already), ``pre`` (a LaunchSpec
+    run first with the same words, or None), ``vec`` (the pack width the
+    pointers' alignment allowed) and ``align`` (vec times the item size: the
+    byte alignment the fast paths check new outputs against)."""
+
+    __slots__ = ("kernel", "family", "grid", "block", "smem", "params", "calls", "flat", "pre",
+                 "vec", "align")
+
+    def __init__(self, kernel, family, grid, block, smem, params, calls=(), *, flat=None,
+                 pre=None, vec=1, align=1):
+        self.kernel, self.family = kernel, family
+        self.grid, self.block, self.smem = tuple(grid), tuple(block), int(smem)
+        self.params = tuple(params)
+        self.calls = tuple(c if isinstance(c[0], int) else (self.slot(c[0]), c[1], c[2])
+                           for c in calls)
+        self.flat, self.pre, self.vec, self.align = flat, pre, vec, align
+
+    def slot(self, role, group=None) -> int:
+        """The buffer slot (int64 word) of a field role (``in_ptr1``,
+        ``v_cache``) of parameter group ``group`` (default: the first group
+        with that field)."""
+        base = 0
+        for i, (st, raw) in enumerate(self.params):
+            name = role if role in st.slots else role[:-1]
+            if (group is None and name in st.slots) or group == i:
+                return base + st.slot(role)
+            base += len(raw) // 8
+        raise KeyError(f"no launch field {role!r}")
+
+# ---------------------------------------------------------------- eager (driver)
+
+_PLAN_CLASSES: dict = {}
+
+
+def _plan_class(calls, has_pre):
+    """The Plan subclass for one set of per-call words, whose ``run`` takes
+    the call's values as positional parameters, writes them out (no loop, no
+    subscript on the hot path) and makes the driver call inline
+    (Plan.launch does the rest: the first launch through CuPy, a changed
+    stream, a driver error). Values past those the calls use are accepted
+    and ignored."""
+    key = (calls, has_pre)
+    cls = _PLAN_CLASSES.get(key)
+    if cls is None:
+        names = [f"v{i}" for i in range(1 + max((i for _, i, _ in calls), default=-1))]
+        sig = ", ".join(["self", "stream_ptr"] + names + ["*rest"])
+        lines = [f"def run({sig}):"]
+        if has_pre:
+            lines.append(f"    self.pre.run({', '.join(['stream_ptr'] + names)})")
+        lines.append("    w = self.words")
+        lines += [f"    w[{s}] = v{i}" + (f" + {a}" if a else "") for s, i, a in calls]
+        lines += ["    d = self.bound",
+                  "    if d is None or d.stream != stream_ptr or d.call(*d.args):",
+                  "        self.launch(stream_ptr)"]
+        ns: dict = {}
+        exec("\n".join(lines), ns)  # noqa: S102 - source built above from integers only
+        cls = _PLAN_CLASSES[key] = type("Plan", (Plan,), {"__slots__": (), "run": ns["run"]})
+    return cls
+
+
+class Plan:
+    """A LaunchSpec planned on ``device``: the kernel function, the packed
+    parameters in one buffer (``words``: its int64 view), launched through
+    CuPy the first time and through the CUDA driver after that
+    (driver.Bound; a driver error falls back to CuPy, which raises clearly).
+    ``run(stream_ptr, *values)`` writes the spec's per-call words from
+    ``values`` and launches. A plan belongs to one thread (its buffer is
+    reused; the driver copies kernel arguments at launch)."""
+
+    __slots__ = ("device", "func", "grid", "block", "smem", "words", "align", "pre", "_raw",
+                 "_groups", "_addrs", "bound")
+
+    def __new__(cls, device, func, spec, pre=None):
+        return object.__new__(_plan_class(spec.calls, pre is not None))
+
+    def __init__(self, device, func, spec, pre=None):
+        self.device, self.func = device, func
+        self.grid, self.block, self.smem = spec.grid, spec.block, spec.smem
+        self.align, self.pre = spec.align, pre
+        raw = bytearray(b"".join(bytes(b) for _, b in spec.params))  # each plan owns its buffer
+        self._raw = raw
+        self.words = memoryview(raw).cast("q")
+        base = ctypes.addressof((ctypes.c_char * len(raw)).from_buffer(raw))
+        groups, addrs, off = [], [], 0
+        for st, b in spec.params:
+            if st.spread:
+                groups.append((off // 8, st.n_words, None))
+                addrs += [base + off + 8 * i for i in range(st.n_words)]
+            else:
+                view = np.frombuffer(raw, dtype=np.uint8, count=len(b), offset=off).view(st.dtype)
+                groups.append((off // 8, 0, view))
+                addrs.append(base + off)
+            off += len(b)
+        self._groups, self._addrs = tuple(groups), tuple(addrs)
+        self.bound = None
+
+    def _cupy_args(self):
+        out = []
+        for start, n, view in self._groups:
+            if view is not None:
+                out.append(view)
+            else:
+                out += [np.int64(self.words[start + i]) for i in range(n)]
+        return tuple(out)
+
+    def launch(self, stream_ptr):
+        """Through the driver once this has launched once through CuPy."""
+        b = self.bound
+        if b is None or not b.launch(stream_ptr):
+            self.bound = None
+            self.func(self.grid, self.block, self._cupy_args(), shared_mem=self.smem,
+                      stream=Stream(stream_ptr))
+            func = self.func
+            ptr = getattr(func, "ptr", None)
+            if ptr is None:  # a cupy RawKernel: its Function for the current device
+                ptr = func.kernel.ptr
+            self.bound = DRIVER.bind(int(ptr), self.grid, self.block, self.smem, self._addrs,
+                                     self._raw)
+
+
+def plan(spec, device) -> Plan:
+    """``spec`` planned on ``device`` (its ``pre`` pass too)."""
+    pre = None if spec.pre is None else plan(spec.pre, device)
+    return Plan(device, MODULES.functions(device, spec.family)[spec.kernel], spec, pre)
+
+
+def on_device(device, fn, *args):
+    """``fn(*args)`` with ``device`` current (a launch goes to the current device)."""
+    import cupy
+    if cupy.cuda.runtime.getDevice() != device:
+        with cupy.cuda.Device(device):
+            fn(*args)
+    else:
+        fn(*args)
+
+
+class LaunchCache:
+    """The typed launch caches of one owner (a RopeConfig, a table source, a
+    module's calls): ``plans`` maps a general-path call signature to its
+    Plan; ``fast`` maps a fast-path key to its fastpath.Entry (whose variants
+    are Plans)."""
+
+    __slots__ = ("plans", "fast")
+
+    def __init__(self):
+        self.plans: dict = {}
+        self.fast: dict = {}
+
+    def clear(self):
+        self.plans.clear()
+        self.fast.clear()
+
+    def get(self, key, spec_of, device):
+        """The Plan cached under ``key``, else ``plan(spec_of(), device)``, cached."""
+        p = self.plans.get(key)
+        if p is None:
+            p = self.plans[key] = plan(spec_of(), device)
+        return p
+
+
+# ---------------------------------------------------------------- jit (flat entry)
+
+@dataclasses.dataclass(frozen=True)
+class FlatCall:
+    """A LaunchSpec as one flat kernel call (jaxlib's GPU kernel call):
+    ``name`` (the flat entry's name expression), ``grid``, ``warps`` per
+    block, ``smem``, ``params`` (("array", align) or ("scalar", value, kind)
+    in the entry's parameter order), ``operands`` (what each array
+    parameter that is not a result reads, in order: ("operand", i),
+    ("constant", host table) or ("part",), an earlier call's scratch result)
+    and ``results`` ((shape, dtype) in order)."""
+
+    name: str
+    grid: tuple
+    warps: int
+    smem: int
+    params: tuple
+    operands: tuple
+    results: tuple = ()
+
+
+def flat_call(spec, sources, align=None, fixed=None, results=()) -> FlatCall:
+    """``spec`` as one flat kernel call: its flat entry (or the kernel itself
+    when its parameters are spread scalars), one parameter per word of its
+    (single) parameter group in the entry's order. ``sources`` maps a
+    pointer role to what XLA passes there (an operand reference, see
+    FlatCall, or ``"out"``: the next result); unnamed pointers are 0.
+    ``align``: a role's required alignment in bytes (default 0); ``fixed``:
+    words the eager path writes per call (``offset``), by field, fixed here."""
+    (st, raw), = spec.params
+    words = np.frombuffer(raw, dtype=np.int64).copy()
+    for role, value in (fixed or {}).items():
+        words[st.slot(role)] = value
+    if st.spread:
+        order = range(st.n_words)
+        roles = {st.slot(r): r for r in sources}
+    else:
+        order = st.pointer_slots + st.flat_words
+        roles = dict(zip(st.pointer_slots, st.pointers))
+    align = align or {}
+    params, refs = [], []
+    for slot in order:
+        role = roles.get(slot)
+        if role is None:
+            params.append(("scalar", int(words[slot]), "i64"))
+            continue
+        src = sources.get(role)
+        if src is None:
+            params.append(("scalar", 0, "u64"))
+            continue
+        params.append(("array", int(align.get(role, 0))))
+        if not isinstance(src, str):
+            refs.append(src)
+    return FlatCall(spec.flat or spec.kernel, spec.grid, spec.block[0] * spec.block[1] // 32,
+                    spec.smem, tuple(params), tuple(refs), tuple(results))
