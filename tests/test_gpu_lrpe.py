@@ -250,7 +250,10 @@ def test_torch_inputs_requiring_grad_and_theta_on_the_gpu(rng):
     x64 = exact_normal(rng, (2, 6, 3, 32))
     x = dev(x64, "float32").requires_grad_()
     theta = torch.tensor(rng.uniform(0.01, 1.0, (3,)), device="cuda")
-    y = lrpe.rotate_1d_forward(x, theta, act="sigmoid")
+    with pytest.raises(TypeError, match="cuprope.torch has no LRPE adapter"):
+        lrpe.rotate_1d_forward(x, theta, act="sigmoid")  # never silently detached
+    with torch.no_grad():
+        y = lrpe.rotate_1d_forward(x, theta, act="sigmoid")
     assert isinstance(y, torch.Tensor) and y.device == x.device and not y.requires_grad
     th2 = lrpe.normalize_theta(theta.cpu().numpy(), 3, 32)
     ref = lrpe.forward_reference(x64, th2, 0, "sigmoid", None)
