@@ -2,6 +2,11 @@
 then benchmarks/report.py draws benchmarks/results.png and the README table.
 
     python benchmarks/bench_suite.py [--out benchmarks/results.csv] [--quick]
+        [--families core,mla]
+
+Families: ``core`` (the rope core, schemes, decode host time, JIT), ``mla``
+(DeepSeek MLA's fused append beside FlashInfer's, benchmarks/mla_bench.py:
+writes ``<out>_mla.csv``).
 """
 import argparse
 import csv
@@ -49,11 +54,32 @@ def decode_times(batch):
     return float(host), float(kern)
 
 
+def mla_suite(path):
+    """The mla family: benchmarks/mla_bench.py's rows (ours, the unfused torch
+    sequence, a copy, FlashInfer's RopeQuantizeAppendPagedMLACache) to ``path``."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import mla_bench
+    rows = mla_bench.run_all()
+    keys = list(dict.fromkeys(k for r in rows for k in r))
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=["device"] + keys)
+        w.writeheader()
+        w.writerows({"device": torch.cuda.get_device_name(), **r} for r in rows)
+    for r in rows:
+        print(json.dumps(r), flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results.csv"))
     ap.add_argument("--quick", action="store_true", help="bf16 and fp32 only, fewer repetitions")
+    ap.add_argument("--families", default="core,mla", help="comma-separated: core, mla")
     args = ap.parse_args()
+    families = set(args.families.split(","))
+    if "mla" in families:
+        mla_suite(os.path.splitext(args.out)[0] + "_mla.csv")
+    if "core" not in families:
+        return
     dev = torch.cuda.get_device_name()
     dtypes = ("bf16", "fp32") if args.quick else ("bf16", "fp16", "fp32")
     reps = 15 if args.quick else 30
