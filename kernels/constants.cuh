@@ -39,4 +39,10 @@ constexpr int kActSoftmaxSeq = CUPROPE_ACT_SOFTMAX_SEQ;  // over the sequence: l
 // Sequence slices of lrpe_seq_stats_kernel: its block is (32, kSeqSlices).
 constexpr int kSeqSlices = CUPROPE_SEQ_SLICES;
 
+// DeepSeek MLA (kernels/mla.cuh): the items a lane loads before it stores.
+#if !defined(CUPROPE_MLA_UNROLL)
+#error "CUPROPE_MLA_UNROLL is defined by cuprope/_core/loader.py (compile_options)"
+#endif
+constexpr int kMlaUnroll = CUPROPE_MLA_UNROLL;
+
 }  // namespace cuprope

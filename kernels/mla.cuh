@@ -58,6 +58,108 @@ __device__ __forceinline__ void mla_rotate_chunk(long long src, long long so, lo
   store_as<T, FP8, VEC>(dst, d0 + e1, x1, inv);
 }
 
+// One item of a warp's flat list (the unrolled path): a rotated chunk
+// (c >= 0: ChunkGeometry's chunk c of the row at src + so, stored at dst +
+// d0), a pass-through pack (c == -1: VEC elements at src + so to dst + d0),
+// or nothing (c == -2). q: a query item (q_scale, Q8), else a cache item.
+struct MlaItem {
+  long long src = 0, so = 0, dst = 0, d0 = 0;
+  int c = -2;
+  bool q = false;
+};
+
+// Item i of the warp's list: its nq query rows' items (per row: the rotated
+// chunks, then the q_nope packs), then, with the latent row, k_pe's chunks
+// and the ckv packs.
+template <int VEC>
+__device__ __forceinline__ MlaItem mla_item(const RopeArgs& a, const KvArgs& kv, const MlaArgs& m,
+                                            unsigned t, int h0, int i, int q_items, int q_total,
+                                            int rot_chunks, long long kc0, long long vc0) {
+  MlaItem it;
+  int c;
+  if (i < q_total) {
+    const int r = i / q_items;
+    const int h = h0 + r;
+    c = i - r * q_items;
+    it.q = true;
+    if (c < rot_chunks) {
+      it.src = a.in_ptr[0], it.so = t * a.in_ss[0] + h * a.in_sh[0];
+      it.dst = a.out_ptr[0], it.d0 = t * a.out_ss[0] + h * a.out_sh[0];
+    } else {
+      const long long n = static_cast<long long>(c - rot_chunks) * VEC;
+      it.src = m.qn_ptr, it.so = t * m.qn_st + h * m.qn_sh + n;
+      it.dst = m.qno_ptr, it.d0 = t * m.qno_st + h * m.qno_sh + n;
+    }
+  } else {
+    c = i - q_total;
+    if (c < rot_chunks) {
+      it.src = a.in_ptr[1], it.so = t * a.in_ss[1], it.dst = kv.k_cache, it.d0 = kc0;
+    } else {
+      const long long n = static_cast<long long>(c - rot_chunks) * VEC;
+      it.src = kv.v_ptr, it.so = t * kv.v_ss + n, it.dst = kv.v_cache, it.d0 = vc0 + n;
+    }
+  }
+  it.c = c < rot_chunks ? c : -1;
+  return it;
+}
+
+// A chunk's two pack offsets (ChunkGeometry with no pass-through chunks).
+template <bool INTERLEAVED, int VEC>
+__device__ __forceinline__ void mla_chunk(int c, int npairs, int& e0, int& e1) {
+  const int rot_chunks = npairs / VEC, cw = 0;
+  bool rot = false, two = false;
+  ChunkGeometry<INTERLEAVED, VEC>{rot, c, rot_chunks, two, cw, e0, e1, npairs, rot_chunks}();
+}
+
+// The warp's items, kMlaUnroll per lane at a time: every load of a step is
+// issued before its first store (stores may alias loads for all the compiler
+// knows), so a warp keeps kMlaUnroll 16-byte loads per lane in flight.
+template <typename T, bool INTERLEAVED, int VEC, bool Q8, bool C8>
+__device__ __forceinline__ void mla_flat_items(const RopeArgs& a, const KvArgs& kv,
+                                               const MlaArgs& m, unsigned t, int h0, int nq,
+                                               int total, long long kc0, long long vc0,
+                                               const float2* my_cs, float q_inv, float c_inv) {
+  const int npairs = static_cast<int>(a.rot_dim >> 1);
+  const int rot_chunks = npairs / VEC;
+  const int q_items = rot_chunks + (m.qn_ptr ? static_cast<int>(m.nope_dim) / VEC : 0);
+  const int q_total = nq * q_items;
+  for (int base = threadIdx.x & 31; base < total; base += 32 * kMlaUnroll) {
+    MlaItem it[kMlaUnroll];
+    Pack<T, VEC> x0[kMlaUnroll], x1[kMlaUnroll];
+    int e0[kMlaUnroll], e1[kMlaUnroll];
+#pragma unroll
+    for (int u = 0; u < kMlaUnroll; ++u) {
+      const int i = base + 32 * u;
+      if (i < total) {
+        it[u] = mla_item<VEC>(a, kv, m, t, h0, i, q_items, q_total, rot_chunks, kc0, vc0);
+      }
+      e0[u] = 0, e1[u] = 0;
+      if (it[u].c >= 0) mla_chunk<INTERLEAVED, VEC>(it[u].c, npairs, e0[u], e1[u]);
+      if (it[u].c >= -1) x0[u] = load_pack<T, VEC>(it[u].src, it[u].so + e0[u]);
+      if (it[u].c >= 0) x1[u] = load_pack<T, VEC>(it[u].src, it[u].so + e1[u]);
+    }
+#pragma unroll
+    for (int u = 0; u < kMlaUnroll; ++u) {
+      if (it[u].c < -1) continue;
+      const bool rot = it[u].c >= 0;
+      if (rot) {
+        const ChunkPairs<INTERLEAVED, VEC> pair_at{e0[u], e1[u]};
+        float2 cs[VEC];
+#pragma unroll
+        for (int v = 0; v < VEC; ++v) cs[v] = my_cs[pair_at(v)];
+        rotate_chunk<T, INTERLEAVED, VEC>(x0[u], x1[u], cs, cs + VEC / 2, 1);
+      }
+      if (it[u].q) {
+        store_as<T, Q8, VEC>(it[u].dst, it[u].d0 + e0[u], x0[u], q_inv);
+        if (rot) store_as<T, Q8, VEC>(it[u].dst, it[u].d0 + e1[u], x1[u], q_inv);
+      } else {
+        store_as<T, C8, VEC>(it[u].dst, it[u].d0 + e0[u], x0[u], c_inv);
+        if (rot) store_as<T, C8, VEC>(it[u].dst, it[u].d0 + e1[u], x1[u], c_inv);
+      }
+    }
+  }
+}
+
 template <typename T, bool INTERLEAVED, int VEC, int FP8>
 __global__ void __launch_bounds__(kThreads)
     mla_rope_kernel(const RopeArgs a, const KvArgs kv, const MlaArgs m) {
@@ -92,6 +194,15 @@ __global__ void __launch_bounds__(kThreads)
   const float c_inv = inv_scale<C8>(kv.k_scale, 0);
   const int nope_packs = m.qn_ptr ? static_cast<int>(m.nope_dim) / VEC : 0;
   const int ckv_packs = static_cast<int>(m.ckv_dim) / VEC;
+  if (m.flat_items) {
+    const int nq = max(0, min(h1, hq) - h0);
+    const int total = nq * (rot_chunks + nope_packs) + (cached ? rot_chunks + ckv_packs : 0);
+    mla_flat_items<T, INTERLEAVED, VEC, Q8, C8>(a, kv, m, t, h0, nq, total,
+                                                page * kv.kc_sp + prow * kv.kc_sr,
+                                                page * kv.vc_sp + prow * kv.vc_sr, my_cs, q_inv,
+                                                c_inv);
+    return;
+  }
   for (int h = h0; h < min(h1, hq); ++h) {  // the query heads
     const long long qi = t * a.in_ss[0] + h * a.in_sh[0];
     const long long qo = t * a.out_ss[0] + h * a.out_sh[0];

@@ -315,10 +315,8 @@ def test_qknorm_flat_entries_compile_without_new_spills():
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_every_mla_instantiation_compiles(arch):
     """DeepSeek MLA (kernels/mla.cu): 3 dtypes x 2 pairings x 2 widths x 4
-    fp8 combinations = 48 instantiations. ptxas reports a few bytes of stack
-    on some one-pair (VEC 1) instantiations at ~48 registers (not a register
-    cap: the kernel has no min-blocks bound); the test bounds them at 32
-    bytes so that a real spill (a register-starved kernel) still fails."""
+    fp8 combinations = 48 instantiations, no spills (ptxas also reports the
+    KV dialect's angle-table builder, which kvcache.cuh defines)."""
     names = _loader.mla_kernel_names()
     assert len(names) == 48 and len(set(names)) == 48
     rc, log, prog = _build(arch, names, _loader.compile_options() + ("-Xptxas=-v",),
@@ -329,5 +327,5 @@ def test_every_mla_instantiation_compiles(arch):
     import re
     spills = [tuple(map(int, m)) for m in re.findall(
         r"(\d+) bytes spill stores, (\d+) bytes spill loads", log.replace("\0", ""))]
-    assert len(spills) == 48  # ptxas reported every function
-    assert max(max(s) for s in spills) <= 32, spills
+    assert len(spills) >= 48  # ptxas reported every function
+    assert set(spills) == {(0, 0)}, spills

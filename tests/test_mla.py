@@ -88,7 +88,7 @@ def test_kernel_catalogue_and_args():
     names = loader.mla_kernel_names()
     assert len(names) == 48
     assert loader.mla_kernel_name("bfloat16", True, 8, 3) in names
-    assert args.MLA_ARGS.n_words == 8
+    assert args.MLA_ARGS.n_words == 9
     from test_launch import c_struct_fields
     assert tuple(c_struct_fields(struct_name="MlaArgs")) == args.MLA_ARGS.fields
 

@@ -100,6 +100,11 @@ TUNING_DEFAULTS = {
     "CUPROPE_MAX_STEPS": 3, "CUPROPE_MAX_STEPS_TABLE": 5,
     # token runs on (1) or off (0), and a fixed token tile (0: chosen per shape; host only)
     "CUPROPE_TOKEN_RUNS": 1, "CUPROPE_TOKEN_TILE": 0,
+    # DeepSeek MLA (kernels/mla.cuh): items (16-byte packs or rotated chunks)
+    # a lane loads before it stores, so each warp keeps that many loads in
+    # flight; and the warps per SM the host fills before a warp takes more
+    # than one row of a token (host only). Not yet tuned on a GPU.
+    "CUPROPE_MLA_UNROLL": 4, "CUPROPE_MLA_WARPS_PER_SM": 64,
 }
 
 
