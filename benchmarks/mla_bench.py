@@ -124,7 +124,8 @@ def main():
           f"{'unfused':>8} {'x unf':>6} {'FI':>8} {'FI/fused':>8}")
     rows = run_all(args.fi_bin)
     for r in rows:
-        fi = f"{r['fi_us']:8.2f} {r['fi_over_fused']:8.3f}" if "fi_us" in r else f"{'-':>8} {'-':>8}"
+        fi = (f"{r['fi_us']:8.2f} {r['fi_over_fused']:8.3f}" if "fi_us" in r
+              else f"{'-':>8} {'-':>8}")
         print(f"{r['case']:>8} {r['tokens']:>6} {r['MB']:>8} {r['copy_us']:8.2f} "
               f"{r['fused_us']:8.2f} {r['fused_per_copy']:6.3f} {r['unfused_us']:8.2f} "
               f"{r['speedup_vs_unfused']:6.2f} {fi}")

@@ -75,7 +75,6 @@ struct MlaArgs {
   long long qn_ptr, qn_st, qn_sh;      // q_nope [T, H, Dn]: token, head strides (0: none)
   long long qno_ptr, qno_st, qno_sh;   // q_nope_out
   long long nope_dim, ckv_dim;         // Dn, Dc (kv_lora_rank)
-  long long flat_items;                // 1: the warp's items in one unrolled list; 0: row by row
 };
 
 }  // namespace cuprope

@@ -18,50 +18,21 @@
 // Work: one warp per (token, group of rows); the rows of a token are its H
 // query heads, then the latent row (k_pe and ckv). The warp's cos/sin of the
 // token's R/2 pairs are computed once into its shared-memory slice (lane j
-// computes pair j, j + 32, ...) and read by every row. A row's items are its
-// rotated chunks (ChunkGeometry: VEC pairs in two packs) and then its
-// pass-through packs (q_nope, or ckv), spread over the lanes.
+// computes pair j, j + 32, ...) and read by every row. The warp's rows are
+// one list of items (per row: its rotated chunks, ChunkGeometry's VEC pairs
+// in two packs, then its pass-through packs, q_nope or ckv); a lane takes
+// items lane, lane + 32, ..., kMlaUnroll of them at a time, every load of
+// a step issued before its first store, so each lane keeps kMlaUnroll
+// 16-byte loads in flight.
 #pragma once
 
 #include "kvcache.cuh"
 
 namespace cuprope {
 
-// The pass-through packs of one row: pack n of src (element offset so) stored
-// to dst (element offset do), as T or e4m3 times inv.
-template <typename T, bool FP8, int VEC>
-__device__ __forceinline__ void mla_copy_pack(long long src, long long so, long long dst,
-                                              long long d0, int n, float inv) {
-  const Pack<T, VEC> x = load_pack<T, VEC>(src, so + static_cast<long long>(n) * VEC);
-  store_as<T, FP8, VEC>(dst, d0 + static_cast<long long>(n) * VEC, x, inv);
-}
-
-// Rotated chunk c (ChunkGeometry: VEC pairs in two packs) of the row at src
-// (element offset so), cos/sin from the warp's slice cs (pair j at cs[j]),
-// stored to dst (element offset d0) as T or e4m3 times inv.
-template <typename T, bool INTERLEAVED, int VEC, bool FP8>
-__device__ __forceinline__ void mla_rotate_chunk(long long src, long long so, long long dst,
-                                                 long long d0, int c, const float2* my_cs,
-                                                 int npairs, float inv) {
-  const int rot_chunks = npairs / VEC, cw = 0;
-  int e0 = 0, e1 = 0;
-  bool rot = false, two = false;
-  ChunkGeometry<INTERLEAVED, VEC>{rot, c, rot_chunks, two, cw, e0, e1, npairs, rot_chunks}();
-  const ChunkPairs<INTERLEAVED, VEC> pair_at{e0, e1};
-  float2 cs[VEC];
-#pragma unroll
-  for (int v = 0; v < VEC; ++v) cs[v] = my_cs[pair_at(v)];
-  Pack<T, VEC> x0 = load_pack<T, VEC>(src, so + e0);
-  Pack<T, VEC> x1 = load_pack<T, VEC>(src, so + e1);
-  rotate_chunk<T, INTERLEAVED, VEC>(x0, x1, cs, cs + VEC / 2, 1);
-  store_as<T, FP8, VEC>(dst, d0 + e0, x0, inv);
-  store_as<T, FP8, VEC>(dst, d0 + e1, x1, inv);
-}
-
-// One item of a warp's flat list (the unrolled path): a rotated chunk
-// (c >= 0: ChunkGeometry's chunk c of the row at src + so, stored at dst +
-// d0), a pass-through pack (c == -1: VEC elements at src + so to dst + d0),
-// or nothing (c == -2). q: a query item (q_scale, Q8), else a cache item.
+// One item of a warp's list: a rotated chunk (c >= 0: ChunkGeometry's
+// chunk c of the row at src + so, stored at dst + d0), a pass-through pack
+// (c == -1: VEC elements at src + so to dst + d0), or nothing (c == -2). q: a query item (q_scale, Q8), else a cache item.
 struct MlaItem {
   long long src = 0, so = 0, dst = 0, d0 = 0;
   int c = -2;
@@ -194,37 +165,12 @@ __global__ void __launch_bounds__(kThreads)
   const float c_inv = inv_scale<C8>(kv.k_scale, 0);
   const int nope_packs = m.qn_ptr ? static_cast<int>(m.nope_dim) / VEC : 0;
   const int ckv_packs = static_cast<int>(m.ckv_dim) / VEC;
-  if (m.flat_items) {
-    const int nq = max(0, min(h1, hq) - h0);
-    const int total = nq * (rot_chunks + nope_packs) + (cached ? rot_chunks + ckv_packs : 0);
-    mla_flat_items<T, INTERLEAVED, VEC, Q8, C8>(a, kv, m, t, h0, nq, total,
-                                                page * kv.kc_sp + prow * kv.kc_sr,
-                                                page * kv.vc_sp + prow * kv.vc_sr, my_cs, q_inv,
-                                                c_inv);
-    return;
-  }
-  for (int h = h0; h < min(h1, hq); ++h) {  // the query heads
-    const long long qi = t * a.in_ss[0] + h * a.in_sh[0];
-    const long long qo = t * a.out_ss[0] + h * a.out_sh[0];
-    for (int c = lane; c < rot_chunks; c += 32) {
-      mla_rotate_chunk<T, INTERLEAVED, VEC, Q8>(a.in_ptr[0], qi, a.out_ptr[0], qo, c, my_cs,
-                                                 npairs, q_inv);
-    }
-    for (int n = lane; n < nope_packs; n += 32) {
-      mla_copy_pack<T, Q8, VEC>(m.qn_ptr, t * m.qn_st + h * m.qn_sh, m.qno_ptr,
-                                t * m.qno_st + h * m.qno_sh, n, q_inv);
-    }
-  }
-  if (!cached) return;  // the latent row (the token's last): k_pe and ckv into the cache
-  const long long kc0 = page * kv.kc_sp + prow * kv.kc_sr;
-  for (int c = lane; c < rot_chunks; c += 32) {
-    mla_rotate_chunk<T, INTERLEAVED, VEC, C8>(a.in_ptr[1], t * a.in_ss[1], kv.k_cache, kc0, c,
-                                               my_cs, npairs, c_inv);
-  }
-  const long long vc0 = page * kv.vc_sp + prow * kv.vc_sr;
-  for (int n = lane; n < ckv_packs; n += 32) {
-    mla_copy_pack<T, C8, VEC>(kv.v_ptr, t * kv.v_ss, kv.v_cache, vc0, n, c_inv);
-  }
+  const int nq = max(0, min(h1, hq) - h0);  // the warp's query rows
+  const int total = nq * (rot_chunks + nope_packs) + (cached ? rot_chunks + ckv_packs : 0);
+  mla_flat_items<T, INTERLEAVED, VEC, Q8, C8>(a, kv, m, t, h0, nq, total,
+                                              page * kv.kc_sp + prow * kv.kc_sr,
+                                              page * kv.vc_sp + prow * kv.vc_sr, my_cs, q_inv,
+                                              c_inv);
 }
 
 }  // namespace cuprope

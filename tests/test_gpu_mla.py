@@ -26,13 +26,6 @@ from oracle import assert_matches
 pytestmark = GPU_TESTS
 
 
-@pytest.fixture(autouse=True, params=["flat_items", "row_by_row"])
-def kernel_walk(request, monkeypatch):
-    """Every GPU test runs both walks of mla_rope_kernel (MlaArgs.flat_items)."""
-    import cuprope.mla.launch as launch
-    monkeypatch.setattr(launch, "FLAT_ITEMS", request.param == "flat_items")
-
-
 def _torch():
     import torch
     return torch

@@ -108,8 +108,7 @@ KV_ARGS = ArgStruct("KvArgs", tuple((name, 1, "q") for name in (
 
 # struct MlaArgs (kernels/args.cuh), DeepSeek MLA's third argument (all int64).
 MLA_ARGS = ArgStruct("MlaArgs", tuple((name, 1, "q") for name in (
-    "qn_ptr", "qn_st", "qn_sh", "qno_ptr", "qno_st", "qno_sh", "nope_dim", "ckv_dim",
-    "flat_items")))
+    "qn_ptr", "qn_st", "qn_sh", "qno_ptr", "qno_st", "qno_sh", "nope_dim", "ckv_dim")))
 
 # struct QkNormArgs (kernels/qknorm.cuh): a RopeArgs, then these.
 QKNORM_ARGS = ArgStruct("QkNormArgs", ROPE_ARGS.fields + (

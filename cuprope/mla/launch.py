@@ -19,9 +19,6 @@ WARPS = THREADS // 32
 # token (rows_per_warp): with few tokens the rows spread over many warps
 # (decode); with many, a warp takes a whole token and computes its cos/sin once.
 RESIDENT_WARPS_PER_SM = tuning("CUPROPE_MLA_WARPS_PER_SM")
-# The kernel walks a warp's rows as one list of items, CUPROPE_MLA_UNROLL
-# loads per lane in flight (MlaArgs.flat_items 1), or row by row (0).
-FLAT_ITEMS = True
 
 
 def pick_vec(dtype, arrays, widths) -> int:
@@ -61,5 +58,4 @@ def mla_spec(device, *, dtype, interleaved, vec, fp8, rope, kv, mla):
     return launcher.LaunchSpec(mla_kernel_name(dtype, interleaved, vec, fp8), MLA_FAMILY, grid,
                                (THREADS, 1, 1), smem,
                                [(ROPE_ARGS, ra), (KV_ARGS, KV_ARGS.pack(**kv)),
-                                (MLA_ARGS, MLA_ARGS.pack(flat_items=int(FLAT_ITEMS), **mla))],
-                               vec=vec)
+                                (MLA_ARGS, MLA_ARGS.pack(**mla))], vec=vec)
