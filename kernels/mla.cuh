@@ -32,7 +32,8 @@ namespace cuprope {
 
 // One item of a warp's list: a rotated chunk (c >= 0: ChunkGeometry's
 // chunk c of the row at src + so, stored at dst + d0), a pass-through pack
-// (c == -1: VEC elements at src + so to dst + d0), or nothing (c == -2). q: a query item (q_scale, Q8), else a cache item.
+// (c == -1: VEC elements at src + so to dst + d0), or nothing (c == -2).
+// q: a query item (q_scale, Q8), else a cache item.
 struct MlaItem {
   long long src = 0, so = 0, dst = 0, d0 = 0;
   int c = -2;
