@@ -74,7 +74,7 @@ def scale_info(x, name, device, sizes):
 
 
 def addressing(dev, tshapes, slot_mapping, kv_indices, kv_indptr, batch_indices,
-                cache_positions, kv_last_page_len):
+               cache_positions, kv_last_page_len):
     """{name: info} of the addressing arrays (slot_mapping, or the paged ones)."""
     paged = {"kv_indices": kv_indices, "kv_indptr": kv_indptr, "batch_indices": batch_indices,
              "cache_positions": cache_positions}
