@@ -11,7 +11,7 @@ from . import kvcache_reference as kref
 from ._core import host, validate
 from ._core.arrays import describe
 
-__all__ = ["token_geometry", "index_info", "to_host", "np_view"]
+__all__ = ["token_geometry", "index_info", "addressing", "scale_info", "to_host", "np_view"]
 
 
 def token_geometry(info, name):
@@ -56,3 +56,48 @@ def np_view(info) -> np.ndarray:
         import torch
         return info.array.view(torch.uint8).numpy().view(kref.np_dtype("float8_e4m3fn"))
     return host.to_numpy(info)
+
+
+def scale_info(x, name, device, sizes):
+    """An fp8 scale: a float32 array on ``device`` of one of ``sizes`` (contiguous)."""
+    if x is None:
+        raise ValueError(f"{name} is needed: an fp8 target is stored as e4m3 of x * (1/{name})")
+    info = describe(x, name)
+    if info.dtype != "float32":
+        raise TypeError(f"{name} must be a float32 array, got {info.dtype}")
+    if info.device != device:
+        raise ValueError(f"{name} is on device {info.device}, not with the tensors ({device})")
+    if tuple(info.shape) not in sizes or (info.size > 1 and info.strides[0] != 1):
+        raise ValueError(f"{name} must have shape " + " or ".join(str(list(s)) for s in sizes)
+                         + f" (contiguous), got {list(info.shape)}")
+    return info
+
+
+def addressing(dev, tshapes, slot_mapping, kv_indices, kv_indptr, batch_indices,
+               cache_positions, kv_last_page_len):
+    """{name: info} of the addressing arrays (slot_mapping, or the paged ones)."""
+    paged = {"kv_indices": kv_indices, "kv_indptr": kv_indptr, "batch_indices": batch_indices,
+             "cache_positions": cache_positions}
+    if slot_mapping is not None:
+        if any(x is not None for x in paged.values()) or kv_last_page_len is not None:
+            raise ValueError("give slot_mapping or the paged indices (kv_indices, kv_indptr, "
+                             "batch_indices, cache_positions), not both")
+        return {"slot_mapping": index_info(slot_mapping, "slot_mapping", dev, tshapes,
+                                           ("int64",))}
+    missing = [n for n, x in paged.items() if x is None]
+    if missing:
+        raise ValueError(f"give slot_mapping, or all of the paged indices (missing: "
+                         f"{', '.join(missing)})")
+    out = {n: index_info(paged[n], n, dev, tshapes) for n in ("batch_indices", "cache_positions")}
+    kvi = describe(kv_indices, "kv_indices")
+    out["kv_indices"] = index_info(kv_indices, "kv_indices", dev, [tuple(kvi.shape[:1])])
+    if len(kvi.shape) != 1:
+        raise ValueError(f"kv_indices must be 1-D, got shape {list(kvi.shape)}")
+    ipi = describe(kv_indptr, "kv_indptr")
+    if len(ipi.shape) != 1 or ipi.shape[0] < 1:
+        raise ValueError(f"kv_indptr must be 1-D [B + 1], got shape {list(ipi.shape)}")
+    out["kv_indptr"] = index_info(kv_indptr, "kv_indptr", dev, [tuple(ipi.shape)])
+    if kv_last_page_len is not None:
+        out["kv_last_page_len"] = index_info(kv_last_page_len, "kv_last_page_len", dev,
+                                             [(ipi.shape[0] - 1,)])
+    return out

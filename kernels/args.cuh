@@ -69,4 +69,12 @@ struct KvArgs {
   long long write_rest;                // bit 0: q's dims >= R to q_out; bit 1: k's to k_out
 };
 
+// DeepSeek MLA's third argument (kernels/mla.cuh; host mirror MLA_ARGS in
+// cuprope/_core/args.py): the absorbed q_nope and its output, and the widths.
+struct MlaArgs {
+  long long qn_ptr, qn_st, qn_sh;      // q_nope [T, H, Dn]: token, head strides (0: none)
+  long long qno_ptr, qno_st, qno_sh;   // q_nope_out
+  long long nope_dim, ckv_dim;         // Dn, Dc (kv_lora_rank)
+};
+
 }  // namespace cuprope

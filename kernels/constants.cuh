@@ -73,4 +73,10 @@ constexpr int kQkWarps = CUPROPE_QKNORM_WARPS;
 constexpr int kQkThreads = 32 * kQkWarps;
 constexpr int kDwPad = CUPROPE_QKNORM_DW_PAD;
 
+// DeepSeek MLA (kernels/mla.cuh): the items a lane loads before it stores.
+#if !defined(CUPROPE_MLA_UNROLL)
+#error "CUPROPE_MLA_UNROLL is defined by cuprope/_core/loader.py (compile_options)"
+#endif
+constexpr int kMlaUnroll = CUPROPE_MLA_UNROLL;
+
 }  // namespace cuprope

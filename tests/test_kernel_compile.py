@@ -350,3 +350,22 @@ def test_qknorm_flat_entries_compile_without_new_spills():
         else:  # the general body, uncapped: no spill at all
             assert (st, ld) == (0, 0), (flat, res[flat])
     assert res[_loader.QKNORM_DW_KERNEL][1:] == (0, 0)
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_every_mla_instantiation_compiles(arch):
+    """DeepSeek MLA (kernels/mla.cu): 3 dtypes x 2 pairings x 2 widths x 4
+    fp8 combinations = 48 instantiations, no spills (ptxas also reports the
+    KV dialect's angle-table builder, which kvcache.cuh defines)."""
+    names = _loader.mla_kernel_names()
+    assert len(names) == 48 and len(set(names)) == 48
+    rc, log, prog = _build(arch, names, _loader.compile_options() + ("-Xptxas=-v",),
+                           _loader.MLA_ENTRY)
+    nvrtc.nvrtcDestroyProgram(prog)
+    assert rc == nvrtc.nvrtcResult.NVRTC_SUCCESS, log
+    assert "warning" not in log.lower(), log
+    import re
+    spills = [tuple(map(int, m)) for m in re.findall(
+        r"(\d+) bytes spill stores, (\d+) bytes spill loads", log.replace("\0", ""))]
+    assert len(spills) >= 48  # ptxas reported every function
+    assert set(spills) == {(0, 0)}, spills

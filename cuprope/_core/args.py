@@ -106,6 +106,10 @@ KV_ARGS = ArgStruct("KvArgs", tuple((name, 1, "q") for name in (
     "indices_ptr", "indptr_ptr", "n_indices", "index_is64", "n_seqs", "q_scale", "k_scale",
     "v_scale", "kv_scale_sh", "cs_ptr", "cs_st", "cs_rows", "write_rest")))
 
+# struct MlaArgs (kernels/args.cuh), DeepSeek MLA's third argument (all int64).
+MLA_ARGS = ArgStruct("MlaArgs", tuple((name, 1, "q") for name in (
+    "qn_ptr", "qn_st", "qn_sh", "qno_ptr", "qno_st", "qno_sh", "nope_dim", "ckv_dim")))
+
 # struct QkNormArgs (kernels/qknorm.cuh): a RopeArgs, then these.
 QKNORM_ARGS = ArgStruct("QkNormArgs", ROPE_ARGS.fields + (
     ("x_ptr", 2, "q"), ("x_sb", 2, "q"), ("x_ss", 2, "q"), ("x_sh", 2, "q"), ("w_ptr", 2, "q"),

@@ -111,6 +111,11 @@ TUNING_DEFAULTS = {
     "CUPROPE_MAX_STEPS": 3, "CUPROPE_MAX_STEPS_TABLE": 5,
     # token runs on (1) or off (0), and a fixed token tile (0: chosen per shape; host only)
     "CUPROPE_TOKEN_RUNS": 1, "CUPROPE_TOKEN_TILE": 0,
+    # DeepSeek MLA (kernels/mla.cuh): items (16-byte packs or rotated chunks)
+    # a lane loads before it stores, so each warp keeps that many loads in
+    # flight; and the warps per SM the host fills before a warp takes more
+    # than one row of a token (host only). Not yet tuned on a GPU.
+    "CUPROPE_MLA_UNROLL": 4, "CUPROPE_MLA_WARPS_PER_SM": 64,
 }
 
 
@@ -279,6 +284,27 @@ def kv_kernel_names(family: str | None = None) -> list[str]:
     return names
 
 
+# DeepSeek MLA's rope + latent-cache append (kernels/mla.cu, a translation
+# unit of its own): 3 dtypes x 2 pairings x the widest width and 1 x the four
+# fp8 combinations (KV_FP8_Q: q's outputs, KV_FP8_CACHE: the cache).
+MLA_ENTRY = "mla.cu"
+MLA_FAMILY = "mla"
+
+
+def mla_kernel_name(dtype: str, interleaved: bool, vec: int, fp8: int = 0) -> str:
+    """Name expression of one ``mla_rope_kernel`` instantiation."""
+    if fp8 not in range(4):
+        raise ValueError(f"no mla_rope_kernel for fp8={fp8!r}")
+    return (f"cuprope::mla_rope_kernel<{DTYPE_CTYPES[dtype]}, {_b(interleaved)}, {vec}, "
+            f"{int(fp8)}>")
+
+
+def mla_kernel_names() -> list[str]:
+    """Every mla_rope_kernel instantiation (the mla family)."""
+    return [mla_kernel_name(dt, il, v, f) for dt in DTYPE_CTYPES for il in (False, True)
+            for v in lrpe_vec_widths(dt) for f in range(4)]
+
+
 def kernel_dir():
     """The folder holding the kernel sources: ``cuprope/kernels`` in an
     installed package, ``kernels/`` beside ``cuprope/`` in a source checkout."""
@@ -334,9 +360,13 @@ class _Modules:
     def _build(device_id: int, family: str) -> dict[str, object]:
         import cupy
 
-        kv = family in KV_FAMILIES
-        names = kv_kernel_names(family) if kv else all_kernel_names(family)
-        code = kernel_sources()[KV_ENTRY if kv else ENTRY]
+        if family == MLA_FAMILY:
+            names, entry = mla_kernel_names(), MLA_ENTRY
+        elif family in KV_FAMILIES:
+            names, entry = kv_kernel_names(family), KV_ENTRY
+        else:
+            names, entry = all_kernel_names(family), ENTRY
+        code = kernel_sources()[entry]
         with cupy.cuda.Device(device_id):
             module = cupy.RawModule(code=code, options=compile_options(), name_expressions=names)
             return {n: module.get_function(n) for n in names}

@@ -1,0 +1,323 @@
+"""DeepSeek MLA's decode/prefill prologue in one launch: rotate the rope
+slice of every query head, rotate the token's shared rope key, and append
+``[ckv | k_pe]`` to a paged latent cache (DeepSeek-V2/V3/R1, Kimi K2).
+
+Shapes (T packed tokens, H query heads, R = the rope dim, ``qk_rope_head_dim``
+64; Dc = ``kv_lora_rank`` 512; Dn the absorbed q_nope width, 512)
+------------------------------------------------------------------------
+q_pe ``[T, H, R]``, k_pe ``[T, R]`` (or ``[T, 1, R]``), ckv ``[T, Dc]``,
+q_nope ``[T, H, Dn]`` (optional): float32, float16 or bfloat16, one dtype,
+any token/head strides with a contiguous last dim (slices of one projection
+output work as they are). positions: int32/int64 ``[T]``.
+
+Rotation: the config's, unchanged: ``rope_config_from_hf`` of a DeepSeek
+``config.json`` gives YaRN's frequencies and its mscale factor (as
+``config.scale``, multiplied into cos and sin) and the pair layout.
+DeepSeek-V3 sets ``rope_interleave`` (default true): its pairs are
+``(x[2j], x[2j+1])`` of the 64 rope dims, ``interleaved=True`` here and
+``is_neox_style=False`` in vLLM. (HF's eager DeepSeek code de-interleaves q
+and k before a half-split rotation, so its output holds the same rotated
+pairs permuted to ``[evens | odds]``; attention scores are equal. This op,
+like vLLM and FlashInfer, keeps the interleaved order.) R must equal
+``config.rotary_dim``; per-head tables and stream maps are not MLA's and are
+refused.
+
+Outputs
+-------
+* q_pe rotated in place, or into ``q_pe_out`` ``[T, H, R]`` (q's dtype, or
+  fp8 e4m3 ``float8_e4m3fn``/uint8 bytes with ``q_scale``).
+* ``q_nope_out`` ``[T, H, Dn]`` (with ``q_nope``): q_nope copied, or as e4m3
+  with ``q_scale`` (FlashInfer's ``mla_rope_quantize_fp8`` outputs). Its
+  dtype kind (e4m3 or not) must match q_pe's output. For one
+  ``[T, H, Dn + R]`` query buffer (FlashMLA's input), pass its two slices
+  ``q_out[..., :Dn]`` and ``q_out[..., Dn:]``.
+* The cache: vLLM's ``kv_cache`` ``[pages, page_size, Dc + R]`` (ckv in
+  ``[:Dc]``, the rotated k_pe in ``[Dc:]``), or FlashInfer's pair
+  ``ckv_cache [pages, page_size, Dc]`` and ``kpe_cache [pages, page_size,
+  R]``. dtype: q's, or e4m3 with ``kv_scale`` (one float32 device scalar
+  ``[]``/``[1]``, read at run time: a captured CUDA graph sees new values).
+  k_pe itself is not written.
+
+fp8 stores ``e4m3(x · (1/scale))`` (1/scale rounded to fp32, fp32 product,
+round to nearest even, saturating to ±448) of the value rounded to q's dtype
+first (the rotated values equal ``cuprope.rope_forward``'s bit for bit).
+Scales divide, as vLLM's ``concat_and_cache_mla`` does (FlashInfer's
+``quant_scale_*`` multiply: pass their reciprocal).
+
+Addressing (as ``cuprope.kvcache.rope_append_kv``): ``slot_mapping`` int64
+``[T]`` (slot = page · page_size + row, negative = padding), or
+``kv_indices``, ``kv_indptr``, ``batch_indices``, ``cache_positions`` (and
+``kv_last_page_len`` read by ``check=True`` only). A token whose indices are
+padding or out of range writes no cache row (its q is still rotated).
+``check=True`` reads the indices on the host first (a device sync) and
+raises ValueError naming the first bad one.
+
+Backends: CUDA (torch or CuPy arrays, one launch on the current or given
+stream; nothing allocated, CUDA-graph capturable), or the NumPy reference on
+the CPU (NumPy / CPU torch arrays: float64 rotation rounded once). JAX is not
+supported (its arrays are immutable; a cache append needs buffer donation).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import kvcache_reference as kref
+from .._core import engine, launcher, validate
+from .._core.arrays import describe, overlaps
+from .._core.loader import KV_FP8_CACHE, KV_FP8_Q
+from ..config import RopeConfig
+from ..kvcache_arrays import addressing, index_info, np_view, scale_info, to_host
+from .launch import mla_spec, pick_vec
+from .reference import rotate_pe
+
+__all__ = ["rope_append_mla"]
+
+
+def _fp8(info):
+    return info.dtype in kref.FP8_DTYPES
+
+
+def _tensor(x, name, shapes, like=None, out=False):
+    """describe(x) checked: rank/shape against ``shapes`` (a predicate on the
+    shape), float (or, for outputs, like's dtype / e4m3), contiguous last dim."""
+    info = describe(x, name)
+    if like is None:
+        validate.check_float(info, name)
+    elif out:
+        if info.dtype != like.dtype and not _fp8(info):
+            raise TypeError(f"{name} must have q_pe's dtype ({like.dtype}) or float8_e4m3fn, "
+                            f"got {info.dtype}")
+    elif info.dtype != like.dtype:
+        raise TypeError(f"{name} must have q_pe's dtype ({like.dtype}), got {info.dtype}")
+    if like is not None and (info.kind != like.kind or info.device != like.device):
+        raise ValueError(f"{name} must be a {like.kind} array on q_pe's device ({like.device}), "
+                         f"got {info.kind} on {info.device}")
+    if info.kind == "jax":
+        raise TypeError("JAX arrays are not supported by rope_append_mla (immutable: a cache "
+                        "append needs buffer donation)")
+    want, ok = shapes
+    if not ok(tuple(info.shape)):
+        raise ValueError(f"{name} must be {want}, got shape {list(info.shape)}")
+    validate.check_last_dim(info, name)
+    if out:
+        validate.check_writable(info, name)
+    return info
+
+
+def _caches(kv_cache, ckv_cache, kpe_cache, qi, dc, r):
+    """(infos, ckv (ptr, (page, row) strides), kpe (ptr, strides), pages,
+    page_size) of the one vLLM cache or FlashInfer's pair."""
+    if (kv_cache is None) == (ckv_cache is None and kpe_cache is None):
+        raise ValueError("give kv_cache ([pages, page_size, Dc + R]), or ckv_cache and kpe_cache")
+    if kv_cache is None and (ckv_cache is None or kpe_cache is None):
+        raise ValueError("ckv_cache and kpe_cache go together")
+    if kv_cache is not None:
+        parts = [("kv_cache", kv_cache, dc + r)]
+    else:
+        parts = [("ckv_cache", ckv_cache, dc), ("kpe_cache", kpe_cache, r)]
+    infos = []
+    for name, x, width in parts:
+        i = describe(x, name)
+        if i.dtype != qi.dtype and not _fp8(i):
+            raise TypeError(f"{name} must have q_pe's dtype ({qi.dtype}) or float8_e4m3fn (uint8 "
+                            f"bytes), got {i.dtype}")
+        if i.kind != qi.kind or i.device != qi.device:
+            raise ValueError(f"{name} must be a {qi.kind} array on q_pe's device ({qi.device})")
+        if len(i.shape) != 3 or i.shape[2] != width:
+            raise ValueError(f"{name} must be [pages, page_size, {width}], got shape "
+                             f"{list(i.shape)}")
+        validate.check_last_dim(i, name)
+        validate.check_writable(i, name)
+        infos.append(i)
+    if len(infos) == 2 and (infos[0].shape[:2] != infos[1].shape[:2]
+                            or infos[0].dtype != infos[1].dtype):
+        raise ValueError("ckv_cache and kpe_cache must share pages, page_size and dtype")
+    c = infos[0]
+    pages, page_size = c.shape[0], c.shape[1]
+    ckv = (c.ptr, tuple(c.strides[:2]))
+    k = infos[-1]
+    kpe = (k.ptr + (dc * k.itemsize if len(infos) == 1 else 0), tuple(k.strides[:2]))
+    return infos, ckv, kpe, pages, page_size
+
+
+def rope_append_mla(q_pe, k_pe, ckv, config, positions, *, kv_cache=None, ckv_cache=None,
+                    kpe_cache=None, slot_mapping=None, kv_indices=None, kv_indptr=None,
+                    batch_indices=None, cache_positions=None, kv_last_page_len=None, q_nope=None,
+                    q_nope_out=None, q_pe_out=None, q_scale=None, kv_scale=None, check=False,
+                    stream=None):
+    """Rotate q_pe (into ``q_pe_out``, else in place), copy q_nope into
+    ``q_nope_out`` (optional; e4m3 with ``q_scale``), rotate k_pe and write
+    ``[ckv | k_pe]`` into the cache rows the addressing names, in one launch.
+    See the module docstring for shapes, caches, fp8 and addressing.
+    Returns q_pe_out (or q_pe)."""
+    if not isinstance(config, RopeConfig):
+        raise TypeError(f"config must be a cuprope.RopeConfig, got {type(config).__name__}")
+    if config.per_head or config.stream_map is not None:
+        raise ValueError("rope_append_mla takes a shared frequency table (no per-head table, no "
+                         "stream map)")
+    qi = _tensor(q_pe, "q_pe", ("[T, H, R]", lambda s: len(s) == 3))
+    t, h, r = qi.shape
+    if r != config.rotary_dim:
+        raise ValueError(f"q_pe's last dim ({r}) must equal config.rotary_dim "
+                         f"({config.rotary_dim}): MLA rotates the whole rope slice")
+    ki = _tensor(k_pe, "k_pe", (f"[T, R] = [{t}, {r}] (or [T, 1, R])",
+                                lambda s: s in ((t, r), (t, 1, r))), qi)
+    ci = _tensor(ckv, "ckv", (f"[T, Dc] with T = {t}", lambda s: len(s) == 2 and s[0] == t), qi)
+    dc = ci.shape[1]
+    validate.check_tokens(t, "T")
+    qni = qnoi = None
+    if (q_nope is None) != (q_nope_out is None):
+        raise ValueError("q_nope and q_nope_out go together (q_nope is copied, or quantised, "
+                         "into q_nope_out)")
+    if q_nope is not None:
+        qni = _tensor(q_nope, "q_nope", (f"[T, H, Dn] with T, H = {t}, {h}",
+                                         lambda s: len(s) == 3 and s[:2] == (t, h)), qi)
+        qnoi = _tensor(q_nope_out, "q_nope_out", (f"q_nope's shape {list(qni.shape)}",
+                                                  lambda s: s == tuple(qni.shape)), qi, out=True)
+    if q_pe_out is None:
+        validate.check_writable(qi, "q_pe")
+        qoi = qi
+    else:
+        qoi = _tensor(q_pe_out, "q_pe_out", (f"q_pe's shape {list(qi.shape)}",
+                                             lambda s: s == tuple(qi.shape)), qi, out=True)
+        if overlaps(qoi, qi) and not (validate.same_view(qoi, qi) and qoi.dtype == qi.dtype):
+            raise ValueError("q_pe_out overlaps q_pe without being exactly q_pe (omit q_pe_out "
+                             "to rotate in place)")
+    q8 = _fp8(qoi)
+    if qnoi is not None and _fp8(qnoi) != q8:
+        raise TypeError("q_nope_out and q_pe's output must both be float8_e4m3fn or both q_pe's "
+                        "dtype (one q_scale)")
+    dev = qi.device
+    cinfos, cloc, kloc, pages, page_size = _caches(kv_cache, ckv_cache, kpe_cache, qi, dc, r)
+    c8 = _fp8(cinfos[0])
+    ins = [x for x in (qi, ki, ci, qni) if x is not None]
+    outs = [x for x in (qoi if qoi is not qi else None, qnoi) if x is not None] + cinfos
+    for o in outs:
+        if any(overlaps(o, x) for x in ins):
+            raise ValueError("an output (q_pe_out, q_nope_out or the cache) overlaps an input")
+    pos = index_info(positions, "positions", dev, [(t,)])
+    addr = addressing(dev, [(t,)], slot_mapping, kv_indices, kv_indptr, batch_indices,
+                      cache_positions, kv_last_page_len)
+    qs = scale_info(q_scale, "q_scale", dev, [(), (1,)]) if q8 else None
+    ks = scale_info(kv_scale, "kv_scale", dev, [(), (1,)]) if c8 else None
+    if not q8 and q_scale is not None:
+        raise ValueError("q_scale is read only for fp8 (e4m3) q outputs")
+    if not c8 and kv_scale is not None:
+        raise ValueError("kv_scale is read only for an fp8 (e4m3) cache")
+    if check:
+        kref.check_indices({n: to_host(i).astype(np.int64).reshape(-1) for n, i in addr.items()},
+                           pages, page_size)
+    if t == 0:
+        return qoi.obj
+    arrays = dict(q=qi, k=ki, ckv=ci, q_nope=qni, q_nope_out=qnoi, q_out=qoi, pos=pos,
+                  cache=(cinfos, cloc, kloc, pages, page_size), addr=addr, q_scale=qs,
+                  kv_scale=ks)
+    if dev < 0:
+        _host_append(config, arrays)
+        return qoi.obj
+    stream_ptr = engine.stream_handle(stream, qi)
+    launcher.on_device(dev, _plan(_spec(config, arrays), dev).run, stream_ptr)
+    return engine.hand_back([qi], [qoi], stream_ptr)[0]
+
+
+# Plans by (device, kernel, geometry, packed words): every pointer is packed
+# in, so a call repeating an earlier one's arrays (a decode loop over fixed
+# buffers) reuses its plan (no per-call words are written: a plan may be
+# shared). Cleared when it grows past _MAX_PLANS.
+_PLANS = launcher.LaunchCache()
+_MAX_PLANS = 256
+
+
+def _plan(spec, device):
+    key = (device, spec.kernel, spec.grid, spec.smem, b"".join(bytes(b) for _, b in spec.params))
+    if key not in _PLANS.plans and len(_PLANS.plans) >= _MAX_PLANS:
+        _PLANS.clear()
+    return _PLANS.get(key, lambda: spec, device)
+
+
+def _host_append(config, a):
+    """The NumPy backend: float64 rotation rounded once to q's dtype, and the
+    stores the kernel makes."""
+    qi, t = a["q"], a["q"].shape[0]
+    p = to_host(a["pos"]).astype(np.int64).reshape(t)
+    validate.check_positions(p)
+    sc = {n: None if a[n] is None else to_host(a[n]).astype(np.float32).reshape(-1)[0]
+          for n in ("q_scale", "kv_scale")}
+    kw = dict(scale=config.scale, interleaved=config.interleaved)
+    qr = rotate_pe(np_view(qi), p, config.inv_freq, **kw)
+    kr = rotate_pe(np_view(a["k"]).reshape(t, -1), p, config.inv_freq, **kw)
+    outs = [(a["q_out"], qr)]
+    if a["q_nope"] is not None:
+        outs.append((a["q_nope_out"], np_view(a["q_nope"]).astype(np.float64)))
+    for info, vals in outs:
+        view = np_view(info)
+        enc = kref.encode(vals, qi.dtype, sc["q_scale"])
+        (view.view(np.uint8) if sc["q_scale"] is not None else view)[...] = enc
+    cinfos, _, _, pages, page_size = a["cache"]
+    h = {n: to_host(i).astype(np.int64).reshape(-1) for n, i in a["addr"].items()}
+    valid, page, row = kref.cache_rows(pages, page_size, slot_mapping=h.get("slot_mapping"),
+                                       batch_indices=h.get("batch_indices"),
+                                       cache_positions=h.get("cache_positions"),
+                                       kv_indices=h.get("kv_indices"),
+                                       kv_indptr=h.get("kv_indptr"))
+    dc = a["ckv"].shape[1]
+    rows = np.concatenate([np_view(a["ckv"]).astype(np.float64), kr], axis=-1)[valid]
+    enc = kref.encode(rows, qi.dtype, sc["kv_scale"])
+    views = [np_view(i) for i in cinfos]
+    if sc["kv_scale"] is not None:
+        views = [v.view(np.uint8) for v in views]
+    if len(views) == 1:
+        views[0][page[valid], row[valid]] = enc
+    else:
+        views[0][page[valid], row[valid]] = enc[:, :dc]
+        views[1][page[valid], row[valid]] = enc[:, dc:]
+
+
+def _spec(config, a):
+    """The call's launcher.LaunchSpec (every pointer packed in: a plan per call)."""
+    qi, ki, ci, qni, qnoi, qoi = (a[n] for n in ("q", "k", "ckv", "q_nope", "q_nope_out", "q_out"))
+    cinfos, cloc, kloc, pages, page_size = a["cache"]
+    t, h, r = qi.shape
+    fp8 = (KV_FP8_Q if a["q_scale"] is not None else 0) | (
+        KV_FP8_CACHE if a["kv_scale"] is not None else 0)
+    cisz = cinfos[0].itemsize
+    arrays = [(qi.ptr, qi.itemsize, qi.strides[:2]), (ki.ptr, ki.itemsize, ki.strides[:1]),
+              (ci.ptr, ci.itemsize, ci.strides[:1]), (qoi.ptr, qoi.itemsize, qoi.strides[:2]),
+              (cloc[0], cisz, cloc[1]), (kloc[0], cisz, kloc[1])]
+    widths = [r // 2, ci.shape[1]]
+    if qni is not None:
+        arrays += [(qni.ptr, qni.itemsize, qni.strides[:2]),
+                   (qnoi.ptr, qnoi.itemsize, qnoi.strides[:2])]
+        widths.append(qni.shape[2])
+    vec = pick_vec(qi.dtype, arrays, widths)
+    inv_freq, _ = config.device_tables(qi.device)
+    pos = a["pos"]
+    rope = dict(in_ptr=(qi.ptr, ki.ptr), out_ptr=(qoi.ptr, 0), in_ss=(qi.strides[0],
+                                                                      ki.strides[0]),
+                in_sh=(qi.strides[1], 0), out_ss=(qoi.strides[0], 0), out_sh=(qoi.strides[1], 0),
+                heads=(h, 1), n_batch=1, n_seq=t, head_dim=r, rot_dim=r, pos_ptr=pos.ptr,
+                pos_is64=int(pos.dtype == "int64"), pos_s_stream=t, pos_sb=t, pos_ss=1,
+                inv_freq_ptr=inv_freq.data.ptr, scale=config.scale, sin_sign=1.0)
+    kv = dict(v_ptr=ci.ptr, v_ss=ci.strides[0], k_cache=kloc[0], v_cache=cloc[0],
+              kc_sp=kloc[1][0], kc_sr=kloc[1][1], vc_sp=cloc[1][0], vc_sr=cloc[1][1],
+              num_pages=pages, page_size=page_size)
+    addr = a["addr"]
+    if "slot_mapping" in addr:
+        kv["slot_ptr"] = addr["slot_mapping"].ptr
+    else:
+        names = ("batch_indices", "cache_positions", "kv_indices", "kv_indptr")
+        kv.update(batch_ptr=addr[names[0]].ptr, cpos_ptr=addr[names[1]].ptr,
+                  indices_ptr=addr[names[2]].ptr, indptr_ptr=addr[names[3]].ptr,
+                  n_indices=addr["kv_indices"].shape[0], n_seqs=addr["kv_indptr"].shape[0] - 1,
+                  index_is64=sum(1 << i for i, n in enumerate(names)
+                                 if addr[n].dtype == "int64"))
+    if a["q_scale"] is not None:
+        kv["q_scale"] = a["q_scale"].ptr
+    if a["kv_scale"] is not None:
+        kv["k_scale"] = a["kv_scale"].ptr
+    mla = dict(ckv_dim=ci.shape[1])
+    if qni is not None:
+        mla.update(qn_ptr=qni.ptr, qn_st=qni.strides[0], qn_sh=qni.strides[1], qno_ptr=qnoi.ptr,
+                   qno_st=qnoi.strides[0], qno_sh=qnoi.strides[1], nope_dim=qni.shape[2])
+    return mla_spec(qi.device, dtype=qi.dtype, interleaved=config.interleaved, vec=vec, fp8=fp8,
+                    rope=rope, kv=kv, mla=mla)

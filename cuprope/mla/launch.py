@@ -1,0 +1,61 @@
+"""The launch of DeepSeek MLA's fused call (``kernels/mla.cuh``) as a
+launcher.LaunchSpec: kernel ``mla_rope_kernel`` of the loader's ``mla``
+family, one warp per (token, group of rows) of 256-thread blocks, the warp's
+cos/sin slice in dynamic shared memory, and three argument structs:
+RopeArgs (q_pe as tensor 0 with its output, k_pe as tensor 1, positions,
+frequencies), KvArgs (ckv as ``v``, the k_pe and ckv cache rows, the
+addressing, the fp8 scales) and MlaArgs (q_nope and its output, the widths).
+"""
+from __future__ import annotations
+
+from .._core import launcher
+from .._core.args import KV_ARGS, MLA_ARGS, ROPE_ARGS
+from .._core.launch import sm_count
+from .._core.loader import MLA_FAMILY, lrpe_vec_widths, mla_kernel_name, tuning
+
+THREADS = 256  # kernels' kThreads: 8 warps a block
+WARPS = THREADS // 32
+# The warps per SM the host fills before a warp takes more than one row of a
+# token (rows_per_warp): with few tokens the rows spread over many warps
+# (decode); with many, a warp takes a whole token and computes its cos/sin once.
+RESIDENT_WARPS_PER_SM = tuning("CUPROPE_MLA_WARPS_PER_SM")
+
+
+def pick_vec(dtype, arrays, widths) -> int:
+    """The widest instantiated pack width (16 bytes of ``dtype``) when every
+    array allows it, else 1. ``arrays``: (pointer in bytes, item size,
+    strides in elements) of each array moved in packs (fp8 ones have item
+    size 1); ``widths``: the row widths the packs tile (R/2 for the rotated
+    halves, Dn, Dc)."""
+    widest = lrpe_vec_widths(dtype)[0]
+    if any(w % widest for w in widths):
+        return 1
+    for ptr, itemsize, strides in arrays:
+        if ptr % (widest * itemsize) or any(s % widest for s in strides):
+            return 1
+    return widest
+
+
+def rows_per_warp(device, tokens, heads) -> int:
+    """Rows a warp covers: enough warps to fill the GPU, at most a token's."""
+    rows = heads + 1
+    want = sm_count(device) * RESIDENT_WARPS_PER_SM
+    return max(1, min(rows, -(-tokens * rows // want)))
+
+
+def mla_spec(device, *, dtype, interleaved, vec, fp8, rope, kv, mla):
+    """One ``mla_rope_kernel`` launch on ``device``: ``rope``, ``kv``,
+    ``mla`` are the three structs' fields by name (``rope`` needs heads =
+    (H, 1), n_seq = T, rot_dim; head_groups and heads_per_group are set
+    here). Its plan allocates nothing on the device (CUDA-graph safe)."""
+    tokens, heads = rope["n_seq"], rope["heads"][0]
+    per = rows_per_warp(device, tokens, heads)
+    groups = -(-(heads + 1) // per)
+    warps = tokens * groups
+    grid = (max(1, -(-warps // WARPS)), 1, 1)
+    smem = WARPS * (rope["rot_dim"] // 2) * 8  # a float2 per pair per warp
+    ra = ROPE_ARGS.pack(head_groups=groups, heads_per_group=per, **rope)
+    return launcher.LaunchSpec(mla_kernel_name(dtype, interleaved, vec, fp8), MLA_FAMILY, grid,
+                               (THREADS, 1, 1), smem,
+                               [(ROPE_ARGS, ra), (KV_ARGS, KV_ARGS.pack(**kv)),
+                                (MLA_ARGS, MLA_ARGS.pack(**mla))], vec=vec)
