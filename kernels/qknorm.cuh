@@ -219,9 +219,25 @@ __device__ __forceinline__ float norm_value(const QkNormArgs& a, bool has_w, flo
   return v * r * wf;
 }
 
-template <typename T, bool INTERLEAVED>
+// Where a forward puts its results: the outputs out_ptr (QK-norm itself), or
+// another op's targets (kernels/prologue.cuh: fp8 q, the KV cache). item
+// takes one item of head h of unit u (qknorm_kernel's body), vals the two
+// packs of a lane's chunk of head hh of tensor t (qknorm_rows_kernel's), both
+// in fp32 before their rounding to T.
+struct QkOutSink {
+  template <typename T>
+  __device__ __forceinline__ void item(const QkNormArgs& a, const QkToken&, const QkUnit& u,
+                                       int h, const QkItem& it, const float (&v)[2]) const;
+  template <typename T, int VEC>
+  __device__ __forceinline__ void vals(const QkNormArgs& a, int t, unsigned, unsigned, int,
+                                       long long out_off, int e0, int e1,
+                                       const float (&x)[2][VEC]) const;
+};
+
+template <typename T, bool INTERLEAVED, class Sink = QkOutSink>
 __device__ __forceinline__ void unit_forward(const QkNormArgs& a, const QkToken& tk,
-                                             const QkUnit& u, int lane) {
+                                             const QkUnit& u, int lane,
+                                             const Sink& sink = Sink{}) {
   const float r = unit_rsqrt<T, INTERLEAVED>(a, tk, u, u.src, u.in_off, a.r.in_sh, true, lane);
   const bool has_w = a.w_ptr[u.t] != 0;
   for (int k = lane; k < u.nh * u.ni; k += 32) {
@@ -239,8 +255,15 @@ __device__ __forceinline__ void unit_forward(const QkNormArgs& a, const QkToken&
         rot_fwd(k2, v);
       }
     }
-    store_item<T>(u.dst, u.out_off + h * a.r.out_sh[u.t], it, v);
+    sink.template item<T>(a, tk, u, h, it, v);
   }
+}
+
+template <typename T>
+__device__ __forceinline__ void QkOutSink::item(const QkNormArgs& a, const QkToken&,
+                                                const QkUnit& u, int h, const QkItem& it,
+                                                const float (&v)[2]) const {
+  store_item<T>(u.dst, u.out_off + h * a.r.out_sh[u.t], it, v);
 }
 
 template <typename T, bool INTERLEAVED>
@@ -365,15 +388,18 @@ __device__ __forceinline__ void unit_backward_model(const QkNormArgs& a, const Q
 
 // The general kernel's body (qknorm_kernel, and its flat entry in
 // kernels/qknorm_flat.cuh): warp w takes tokens w, w + W, ... (W warps in the grid).
-template <typename T, bool INTERLEAVED, bool BWD>
-__device__ __forceinline__ void qknorm_body(const QkNormArgs& a) {
+// ``block`` of ``n_blocks`` (a kernel of several bodies runs this one on a
+// part of its grid); forward results go to ``sink``.
+template <typename T, bool INTERLEAVED, bool BWD, class Sink = QkOutSink>
+__device__ __forceinline__ void qknorm_body(const QkNormArgs& a, unsigned block, unsigned n_blocks,
+                                            const Sink& sink = Sink{}) {
   extern __shared__ float2 qk_cs[];
   const int lane = threadIdx.x & 31;
   const int npairs = static_cast<int>(a.r.rot_dim >> 1);
   const int d = static_cast<int>(a.r.head_dim);
   float2* cs = qk_cs + (threadIdx.x >> 5) * npairs;
-  const long long warp = static_cast<long long>(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
-  const long long n_warps = static_cast<long long>(gridDim.x) * (blockDim.x >> 5);
+  const long long warp = static_cast<long long>(block) * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  const long long n_warps = static_cast<long long>(n_blocks) * (blockDim.x >> 5);
   const long long tokens = a.r.n_batch * a.r.n_seq;
   float* part = BWD ? reinterpret_cast<float*>(a.part_ptr) + warp * a.part_cols : nullptr;
   if (BWD) {
@@ -406,12 +432,18 @@ __device__ __forceinline__ void qknorm_body(const QkNormArgs& a) {
             unit_backward<T, INTERLEAVED>(a, tk, u, lane, part);
           }
         } else {
-          unit_forward<T, INTERLEAVED>(a, tk, u, lane);
+          unit_forward<T, INTERLEAVED, Sink>(a, tk, u, lane, sink);
         }
         __syncwarp();
       }
     }
   }
+}
+
+// The whole grid, results to the outputs.
+template <typename T, bool INTERLEAVED, bool BWD>
+__device__ __forceinline__ void qknorm_body(const QkNormArgs& a) {
+  qknorm_body<T, INTERLEAVED, BWD>(a, blockIdx.x, gridDim.x);
 }
 
 template <typename T, bool INTERLEAVED, bool BWD>
@@ -520,8 +552,11 @@ struct RowPacks {
 };
 
 // The fast path's body (qknorm_rows_kernel and its flat entry).
-template <typename T, bool INTERLEAVED, int VEC, bool BWD>
-__device__ __forceinline__ void qknorm_rows_body(const QkNormArgs& a) {
+// (``block``, ``n_blocks``, ``sink`` as in qknorm_body; the backward's
+// partial rows assume the whole grid.)
+template <typename T, bool INTERLEAVED, int VEC, bool BWD, class Sink = QkOutSink>
+__device__ __forceinline__ void qknorm_rows_body(const QkNormArgs& a, unsigned block,
+                                                 unsigned n_blocks, const Sink& sink = Sink{}) {
   // [warps][npairs] cos/sin, then w' of q and k [2][D]; BWD: then [warps * rpw][part_cols]
   extern __shared__ float2 qk_cs[];
   const int lane = threadIdx.x & 31, wib = threadIdx.x >> 5;
@@ -537,8 +572,8 @@ __device__ __forceinline__ void qknorm_rows_body(const QkNormArgs& a) {
   float2* cs = qk_cs + wib * npairs;
   const int e0 = c * VEC, e1 = e0 + npairs;
   const ChunkPairs<INTERLEAVED, VEC> pair_at{e0, e1};
-  const long long warp = static_cast<long long>(blockIdx.x) * (blockDim.x >> 5) + wib;
-  const long long n_warps = static_cast<long long>(gridDim.x) * (blockDim.x >> 5);
+  const long long warp = static_cast<long long>(block) * (blockDim.x >> 5) + wib;
+  const long long n_warps = static_cast<long long>(n_blocks) * (blockDim.x >> 5);
   const long long tokens = a.r.n_batch * a.r.n_seq;
   const int d = static_cast<int>(a.r.head_dim);
   float* wsm = reinterpret_cast<float*>(qk_cs + (blockDim.x >> 5) * npairs);  // w' [2][D]
@@ -687,7 +722,7 @@ __device__ __forceinline__ void qknorm_rows_body(const QkNormArgs& a) {
           for (int i = 0; i < VEC; ++i) x[k][i] = norm_value<T>(a, has_w, x[k][i], r, w[k][i]);
       }
       if (!a.rope_first) rotate_vals<INTERLEAVED, VEC>(x, csv, 1.f);
-      if (u.on) store_vals<T, VEC>(a.r.out_ptr[t], u.out_off, e0, e1, x);
+      if (u.on) sink.template vals<T, VEC>(a, t, u.b, u.s, u.hh, u.out_off, e0, e1, x);
     } else {
       if (!a.rope_first) rotate_vals<INTERLEAVED, VEC>(g, csv, -1.f);
       float dot = 0.f;
@@ -728,6 +763,12 @@ __device__ __forceinline__ void qknorm_rows_body(const QkNormArgs& a) {
   if constexpr (BWD) block_dw_row(a, rows, (blockDim.x >> 5) * rpw);
 }
 
+// The whole grid, results to the outputs.
+template <typename T, bool INTERLEAVED, int VEC, bool BWD>
+__device__ __forceinline__ void qknorm_rows_body(const QkNormArgs& a) {
+  qknorm_rows_body<T, INTERLEAVED, VEC, BWD>(a, blockIdx.x, gridDim.x);
+}
+
 // Blocks of 256 threads that must fit an SM at once (also the flat entry's bound).
 template <bool BWD>
 __host__ __device__ constexpr int qknorm_rows_min_blocks() {
@@ -738,6 +779,13 @@ template <typename T, bool INTERLEAVED, int VEC, bool BWD>
 __global__ void __launch_bounds__(256, qknorm_rows_min_blocks<BWD>())
     qknorm_rows_kernel(const QkNormArgs a) {
   qknorm_rows_body<T, INTERLEAVED, VEC, BWD>(a);
+}
+
+template <typename T, int VEC>
+__device__ __forceinline__ void QkOutSink::vals(const QkNormArgs& a, int t, unsigned, unsigned,
+                                                int, long long out_off, int e0, int e1,
+                                                const float (&x)[2][VEC]) const {
+  store_vals<T, VEC>(a.r.out_ptr[t], out_off, e0, e1, x);
 }
 
 // The weight gradients from the partial rows: column c of out is the sum of

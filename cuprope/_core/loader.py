@@ -100,6 +100,9 @@ TUNING_DEFAULTS = {
     "CUPROPE_MAX_STEPS": 3, "CUPROPE_MAX_STEPS_TABLE": 5,
     # token runs on (1) or off (0), and a fixed token tile (0: chosen per shape; host only)
     "CUPROPE_TOKEN_RUNS": 1, "CUPROPE_TOKEN_TILE": 0,
+    # the decode prologue (kernels/prologue.cuh): blocks of 256 threads that
+    # must fit an SM at once, as the QK-norm head-rows forward it runs (3)
+    "CUPROPE_PROLOGUE_MIN_BLOCKS": 3,
 }
 
 
@@ -268,6 +271,30 @@ def kv_kernel_names(family: str | None = None) -> list[str]:
     return names
 
 
+# The decode prologue (kernels/prologue.cu, a translation unit of its own):
+# one family per dtype, prologue_kernel for the general QK-norm body (vec 0)
+# and the head-rows fast path (the widest packs), every fp8 combination.
+PROLOGUE_ENTRY = "prologue.cu"
+PROLOGUE_FAMILIES = tuple(f"prologue_{dt}" for dt in DTYPE_CTYPES)
+
+
+def prologue_kernel_name(dtype: str, interleaved: bool, vec: int, fp8: int = 0) -> str:
+    """Name expression of one ``prologue_kernel`` instantiation: ``vec`` 0
+    (qknorm_kernel's body) or the widest width of ``dtype`` (the head rows'),
+    ``fp8`` a sum of KV_FP8_Q and KV_FP8_CACHE."""
+    if vec not in (0, vec_widths(dtype)[0]) or fp8 not in range(4):
+        raise ValueError(f"no prologue_kernel for vec={vec!r}, fp8={fp8!r}")
+    return (f"cuprope::prologue_kernel<{DTYPE_CTYPES[dtype]}, {_b(interleaved)}, {int(vec)}, "
+            f"{int(fp8)}>")
+
+
+def prologue_kernel_names(family: str | None = None) -> list[str]:
+    """Every prologue_kernel instantiation (of one prologue family, or all)."""
+    return [prologue_kernel_name(dt, il, v, f) for dt in DTYPE_CTYPES
+            if family in (None, f"prologue_{dt}") for il in (False, True)
+            for v in (0, vec_widths(dt)[0]) for f in range(4)]
+
+
 def kernel_dir():
     """The folder holding the kernel sources: ``cuprope/kernels`` in an
     installed package, ``kernels/`` beside ``cuprope/`` in a source checkout."""
@@ -324,8 +351,12 @@ class _Modules:
         import cupy
 
         kv = family in KV_FAMILIES
-        names = kv_kernel_names(family) if kv else all_kernel_names(family)
-        code = kernel_sources()[KV_ENTRY if kv else ENTRY]
+        if family in PROLOGUE_FAMILIES:
+            names, entry = prologue_kernel_names(family), PROLOGUE_ENTRY
+        else:
+            names = kv_kernel_names(family) if kv else all_kernel_names(family)
+            entry = KV_ENTRY if kv else ENTRY
+        code = kernel_sources()[entry]
         with cupy.cuda.Device(device_id):
             module = cupy.RawModule(code=code, options=compile_options(), name_expressions=names)
             return {n: module.get_function(n) for n in names}
