@@ -389,3 +389,12 @@ def _gpu_append(config, qi, ki, vi, qo, pos, cache, addr, scales):
                                  vec=vec, src=KV_ANGLES, fp8=fp8, rope=rope, kv=kv, calls=calls),
                          qi.device)
     return plan, [fastpath.span(i) for i in by_index]
+
+
+# The cache checks, shared with the ops that also write a KV cache
+# (cuprope.prologue): the same arguments and errors as rope_append_kv's.
+check_caches = _caches
+check_addressing = _addressing
+check_scale = _scale
+check_q_out = _q_out
+is_fp8 = _is_fp8

@@ -272,10 +272,16 @@ def kv_kernel_names(family: str | None = None) -> list[str]:
 
 
 # The decode prologue (kernels/prologue.cu, a translation unit of its own):
-# one family per dtype, prologue_kernel for the general QK-norm body (vec 0)
-# and the head-rows fast path (the widest packs), every fp8 combination.
+# one family per dtype and fp8 combination (a call compiles only its own),
+# prologue_kernel for the general QK-norm body (vec 0) and the head-rows fast
+# path (the widest packs), both pairings.
 PROLOGUE_ENTRY = "prologue.cu"
-PROLOGUE_FAMILIES = tuple(f"prologue_{dt}" for dt in DTYPE_CTYPES)
+PROLOGUE_FAMILIES = tuple(f"prologue_{dt}_{f}" for dt in DTYPE_CTYPES for f in range(4))
+
+
+def prologue_family_of(dtype: str, fp8: int) -> str:
+    """The family holding the prologue kernels of ``dtype`` and ``fp8``."""
+    return f"prologue_{dtype}_{int(fp8)}"
 
 
 def prologue_kernel_name(dtype: str, interleaved: bool, vec: int, fp8: int = 0) -> str:
@@ -290,9 +296,9 @@ def prologue_kernel_name(dtype: str, interleaved: bool, vec: int, fp8: int = 0) 
 
 def prologue_kernel_names(family: str | None = None) -> list[str]:
     """Every prologue_kernel instantiation (of one prologue family, or all)."""
-    return [prologue_kernel_name(dt, il, v, f) for dt in DTYPE_CTYPES
-            if family in (None, f"prologue_{dt}") for il in (False, True)
-            for v in (0, vec_widths(dt)[0]) for f in range(4)]
+    return [prologue_kernel_name(dt, il, v, f) for dt in DTYPE_CTYPES for f in range(4)
+            if family in (None, prologue_family_of(dt, f)) for il in (False, True)
+            for v in (0, vec_widths(dt)[0])]
 
 
 def kernel_dir():
