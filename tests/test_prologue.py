@@ -194,5 +194,6 @@ def test_every_prologue_instantiation_compiles_without_spills():
     assert rc == tkc.nvrtc.nvrtcResult.NVRTC_SUCCESS, log
     spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
     assert len(re.findall(r"Compiling entry function '_ZN7cuprope15prologue_kernel", log)) == 48
-    assert spills    assert all(a == "0" and b == "0" for a, b in spills), log
+    assert spills
+    assert all(a == "0" and b == "0" for a, b in spills), log
     assert "warning" not in log.lower(), log
