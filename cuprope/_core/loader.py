@@ -101,8 +101,10 @@ TUNING_DEFAULTS = {
     # token runs on (1) or off (0), and a fixed token tile (0: chosen per shape; host only)
     "CUPROPE_TOKEN_RUNS": 1, "CUPROPE_TOKEN_TILE": 0,
     # the decode prologue (kernels/prologue.cuh): blocks of 256 threads that
-    # must fit an SM at once, as the QK-norm head-rows forward it runs (3)
-    "CUPROPE_PROLOGUE_MIN_BLOCKS": 3,
+    # must fit an SM at once. 3 (the QK-norm head-rows forward's) spills
+    # 16-88 bytes in the 16-bit head-rows instantiations (80 registers); 2
+    # spills none (96-112). Not yet timed.
+    "CUPROPE_PROLOGUE_MIN_BLOCKS": 2,
 }
 
 
