@@ -30,6 +30,8 @@ buffers).
 """
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 
 from .. import kvcache
@@ -113,8 +115,26 @@ def qk_norm_rope_append_kv(q, k, v, config, positions, *, q_weight=None, k_weigh
                      inv_freq_ptr=inv_freq.data.ptr,
                      stream_map_ptr=0 if smap is None else smap.data.ptr)
     stream_ptr = engine.stream_handle(stream, qi)
-    launcher.on_device(dev, launcher.plan(sp, dev).run, stream_ptr)
+    launcher.on_device(dev, _plan(sp, dev).run, stream_ptr)
     return engine.hand_back([qi], [qo], stream_ptr)[0]
+
+
+_PLANS: dict = {}  # (thread, device, the spec's kernel, grid and words) -> launcher.Plan
+_MAX_PLANS = 256
+
+
+def _plan(sp, dev):
+    """The Plan of a spec, kept per thread and exact argument words, so that a
+    repeated call (a decode step, a warm-up before a CUDA-graph capture)
+    launches through the driver with nothing allocated."""
+    key = (threading.get_ident(), dev, sp.kernel, sp.grid, sp.smem,
+           b"".join(bytes(raw) for _, raw in sp.params))
+    p = _PLANS.get(key)
+    if p is None:
+        if len(_PLANS) >= _MAX_PLANS:
+            _PLANS.clear()
+        p = _PLANS[key] = launcher.plan(sp, dev)
+    return p
 
 
 def _maybe(x, name):
