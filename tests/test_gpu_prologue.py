@@ -309,3 +309,44 @@ def test_empty_and_errors_on_the_gpu():
     assert out is e
     with pytest.raises(ValueError, match="slot"):
         qk_norm_rope_append_kv(q, k, v, cfg, pos, **{**kw, "check": True})
+
+
+# ---------------------------------------------------------------- torch op, vLLM drop-in
+
+def test_torch_custom_op_opcheck_and_compile_on_the_gpu():
+    torch = _torch()
+    from cuprope.prologue import torch as ptorch
+    q, k, v, pos, w, kw = make(25, "bfloat16", 16, fp8=("cache",))
+    cfg = cfg_thd()
+    a = fused(q, k, v, cfg, pos, {**w}, kw)
+    kw2 = {n: (x.clone() if n.endswith("cache") else x) for n, x in kw.items()}
+    q2 = q.clone()
+
+    def step(q_, kc_, vc_):
+        return ptorch.qk_norm_rope_append_kv(q_, k, v, cfg, pos, **w,
+                                             **{**kw2, "k_cache": kc_, "v_cache": vc_})
+    torch.compile(step, fullgraph=True, backend="aot_eager")(q2, kw2["k_cache"], kw2["v_cache"])
+    assert_same(a, (q2, {n: x for n, x in kw2.items() if n.endswith("cache")}))
+    # (opcheck's schema test compares tensors by arithmetic, which fp8 lacks)
+    q, k, v, pos, w, kw = make(26, "bfloat16", 16)
+    args = (q.clone(), k, v, cfg.key, pos, w["q_weight"], w["k_weight"], 1e-6, "rms", 0.0,
+            "norm_then_rope", "head", "exact", kw["k_cache"].clone(), kw["v_cache"].clone(),
+            None, "NHD", kw["slot_mapping"], None, None, None, None, None, None, None, None)
+    torch.library.opcheck(torch.ops.cuprope.qk_norm_rope_append_kv.default, args)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("is_neox", [True, False])
+@pytest.mark.parametrize("partial", [False, True])
+def test_vllm_fused_qk_norm_rope_drop_in(dtype, is_neox, partial):
+    """cuprope.torch.fused_qk_norm_rope against vLLM's native composition in
+    torch on the GPU (tests/test_prologue_torch.py: the same on the host)."""
+    from cuprope.torch import fused_qk_norm_rope
+    from test_prologue_torch import assert_vllm_equal, vllm_case, vllm_native
+    qkv, args = vllm_case("cuda", tdt(dtype), is_neox, 64 if partial else 128, t=300, hq=32,
+                          hk=8, d=128)
+    want = vllm_native(qkv.clone(), *args)
+    got = qkv.clone()
+    fused_qk_norm_rope(got, *args)
+    assert_vllm_equal(got, want, tdt(dtype))
+    assert _torch().equal(got[:, 40 * 128:], qkv[:, 40 * 128:])
