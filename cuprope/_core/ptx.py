@@ -48,9 +48,8 @@ def _include_dirs():
 def options(arch: int) -> list[str]:
     """NVRTC options: the package's, the flat entries' generated parameter
     lists (args.flat_defines), CuPy's standard ones, the arch."""
-    return (list(loader.compile_options()) + list(args.flat_defines()) + [
-        "--std=c++17", "-ftz=true",
-                                              f"-arch=compute_{arch}"]
+    return (list(loader.compile_options()) + list(args.flat_defines())
+            + ["--std=c++17", "-ftz=true", f"-arch=compute_{arch}"]
             + [f"-I{d}" for d in _include_dirs()])
 
 
