@@ -41,7 +41,7 @@ from .._core import engine, launcher, validate
 from .._core.arrays import describe, overlaps
 from .._core.loader import KV_FP8_CACHE, KV_FP8_Q, vec_widths
 from ..config import RopeConfig
-from ..kvcache_arrays import index_info, np_view, to_host, token_geometry
+from ..kvcache_arrays import np_view, to_host, token_geometry
 from ..qknorm import QkNormCall
 from . import launch, reference
 
@@ -107,7 +107,7 @@ def qk_norm_rope_append_kv(q, k, v, config, positions, *, q_weight=None, k_weigh
     if dev < 0:
         _host(call, qi, ki, vi, qo, kc, vc, kv_layout, pages, page_size, addr, scales)
         return qo.obj
-    kv = _kv_fields(vi, gv, kloc, vloc, pages, page_size, addr, scales)
+    kv = kvcache.cache_fields(vi, gv[4], kloc, vloc, pages, page_size, addr, scales)
     fp8 = (KV_FP8_Q if scales["q"] is not None else 0) | (KV_FP8_CACHE if fp8_cache else 0)
     packs = _packs(call, qi, ki, vi, qo, gv, kloc, vloc, fp8_cache, dev)
     inv_freq, smap = config.device_tables(dev)
@@ -155,29 +155,6 @@ def _scales(qo, fp8_cache, dev, hk, q_scale, k_scale, v_scale):
     if fp8_cache and out["k"].size != out["v"].size:
         raise ValueError("k_scale and v_scale must both be per tensor or both per head")
     return out
-
-
-def _kv_fields(vi, gv, kloc, vloc, pages, page_size, addr, scales):
-    """KvArgs by field name: v, the caches, the addressing, the scales."""
-    vst = gv[4]
-    kv = dict(v_ptr=vi.ptr, v_sb=vst[0], v_ss=vst[1], v_sh=vst[2], k_cache=kloc[0],
-              v_cache=vloc[0], kc_sp=kloc[1][0], kc_sr=kloc[1][1], kc_sh=kloc[1][2],
-              vc_sp=vloc[1][0], vc_sr=vloc[1][1], vc_sh=vloc[1][2], num_pages=pages,
-              page_size=page_size)
-    if "slot_mapping" in addr:
-        kv["slot_ptr"] = addr["slot_mapping"].ptr
-    else:
-        names = ("batch_indices", "cache_positions", "kv_indices", "kv_indptr")
-        kv.update(batch_ptr=addr[names[0]].ptr, cpos_ptr=addr[names[1]].ptr,
-                  indices_ptr=addr[names[2]].ptr, indptr_ptr=addr[names[3]].ptr,
-                  n_indices=addr["kv_indices"].shape[0], n_seqs=addr["kv_indptr"].shape[0] - 1,
-                  index_is64=sum(1 << i for i, n in enumerate(names)
-                                 if addr[n].dtype == "int64"))
-    for n in ("q", "k", "v"):
-        if scales[n] is not None:
-            kv[f"{n}_scale"] = scales[n].ptr
-    kv["kv_scale_sh"] = int(scales["k"] is not None and scales["k"].size > 1)
-    return kv
 
 
 def _packs(call, qi, ki, vi, qo, gv, kloc, vloc, fp8_cache, dev):
