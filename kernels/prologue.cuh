@@ -174,9 +174,9 @@ __global__ void __launch_bounds__(kThreads, kPrologueMinBlocks)
   }
   const PrologueSink<FP8> sink{kv, p, inv_scale<(FP8 & kKvFp8Q) != 0>(kv.q_scale, 0)};
   if constexpr (VEC > 0) {
-    qknorm_rows_body<T, INTERLEAVED, VEC, false>(a, blockIdx.x, nb, sink);
+    qknorm_rows_body<T, INTERLEAVED, VEC, false>(a, GridPart{nb}, sink);
   } else {
-    qknorm_body<T, INTERLEAVED, false>(a, blockIdx.x, nb, sink);
+    qknorm_body<T, INTERLEAVED, false>(a, GridPart{nb}, sink);
   }
 }
 

@@ -388,18 +388,27 @@ __device__ __forceinline__ void unit_backward_model(const QkNormArgs& a, const Q
 
 // The general kernel's body (qknorm_kernel, and its flat entry in
 // kernels/qknorm_flat.cuh): warp w takes tokens w, w + W, ... (W warps in the grid).
-// ``block`` of ``n_blocks`` (a kernel of several bodies runs this one on a
-// part of its grid); forward results go to ``sink``.
-template <typename T, bool INTERLEAVED, bool BWD, class Sink = QkOutSink>
-__device__ __forceinline__ void qknorm_body(const QkNormArgs& a, unsigned block, unsigned n_blocks,
+// The blocks a body runs on: the whole grid, or (a kernel of several
+// bodies) blocks [0, n) of it.
+struct WholeGrid {
+  __device__ __forceinline__ unsigned blocks() const { return gridDim.x; }
+};
+struct GridPart {
+  unsigned n;
+  __device__ __forceinline__ unsigned blocks() const { return n; }
+};
+
+// On the blocks of ``grid``; forward results go to ``sink``.
+template <typename T, bool INTERLEAVED, bool BWD, class Grid = WholeGrid, class Sink = QkOutSink>
+__device__ __forceinline__ void qknorm_body(const QkNormArgs& a, const Grid& grid = Grid{},
                                             const Sink& sink = Sink{}) {
   extern __shared__ float2 qk_cs[];
   const int lane = threadIdx.x & 31;
   const int npairs = static_cast<int>(a.r.rot_dim >> 1);
   const int d = static_cast<int>(a.r.head_dim);
   float2* cs = qk_cs + (threadIdx.x >> 5) * npairs;
-  const long long warp = static_cast<long long>(block) * (blockDim.x >> 5) + (threadIdx.x >> 5);
-  const long long n_warps = static_cast<long long>(n_blocks) * (blockDim.x >> 5);
+  const long long warp = static_cast<long long>(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  const long long n_warps = static_cast<long long>(grid.blocks()) * (blockDim.x >> 5);
   const long long tokens = a.r.n_batch * a.r.n_seq;
   float* part = BWD ? reinterpret_cast<float*>(a.part_ptr) + warp * a.part_cols : nullptr;
   if (BWD) {
@@ -438,12 +447,6 @@ __device__ __forceinline__ void qknorm_body(const QkNormArgs& a, unsigned block,
       }
     }
   }
-}
-
-// The whole grid, results to the outputs.
-template <typename T, bool INTERLEAVED, bool BWD>
-__device__ __forceinline__ void qknorm_body(const QkNormArgs& a) {
-  qknorm_body<T, INTERLEAVED, BWD>(a, blockIdx.x, gridDim.x);
 }
 
 template <typename T, bool INTERLEAVED, bool BWD>
@@ -552,11 +555,12 @@ struct RowPacks {
 };
 
 // The fast path's body (qknorm_rows_kernel and its flat entry).
-// (``block``, ``n_blocks``, ``sink`` as in qknorm_body; the backward's
-// partial rows assume the whole grid.)
-template <typename T, bool INTERLEAVED, int VEC, bool BWD, class Sink = QkOutSink>
-__device__ __forceinline__ void qknorm_rows_body(const QkNormArgs& a, unsigned block,
-                                                 unsigned n_blocks, const Sink& sink = Sink{}) {
+// (``grid``, ``sink`` as in qknorm_body; the backward's partial rows assume
+// the whole grid.)
+template <typename T, bool INTERLEAVED, int VEC, bool BWD, class Grid = WholeGrid,
+          class Sink = QkOutSink>
+__device__ __forceinline__ void qknorm_rows_body(const QkNormArgs& a, const Grid& grid = Grid{},
+                                                 const Sink& sink = Sink{}) {
   // [warps][npairs] cos/sin, then w' of q and k [2][D]; BWD: then [warps * rpw][part_cols]
   extern __shared__ float2 qk_cs[];
   const int lane = threadIdx.x & 31, wib = threadIdx.x >> 5;
@@ -572,8 +576,8 @@ __device__ __forceinline__ void qknorm_rows_body(const QkNormArgs& a, unsigned b
   float2* cs = qk_cs + wib * npairs;
   const int e0 = c * VEC, e1 = e0 + npairs;
   const ChunkPairs<INTERLEAVED, VEC> pair_at{e0, e1};
-  const long long warp = static_cast<long long>(block) * (blockDim.x >> 5) + wib;
-  const long long n_warps = static_cast<long long>(n_blocks) * (blockDim.x >> 5);
+  const long long warp = static_cast<long long>(blockIdx.x) * (blockDim.x >> 5) + wib;
+  const long long n_warps = static_cast<long long>(grid.blocks()) * (blockDim.x >> 5);
   const long long tokens = a.r.n_batch * a.r.n_seq;
   const int d = static_cast<int>(a.r.head_dim);
   float* wsm = reinterpret_cast<float*>(qk_cs + (blockDim.x >> 5) * npairs);  // w' [2][D]
@@ -761,12 +765,6 @@ __device__ __forceinline__ void qknorm_rows_body(const QkNormArgs& a, unsigned b
     step = nstep;
   }
   if constexpr (BWD) block_dw_row(a, rows, (blockDim.x >> 5) * rpw);
-}
-
-// The whole grid, results to the outputs.
-template <typename T, bool INTERLEAVED, int VEC, bool BWD>
-__device__ __forceinline__ void qknorm_rows_body(const QkNormArgs& a) {
-  qknorm_rows_body<T, INTERLEAVED, VEC, BWD>(a, blockIdx.x, gridDim.x);
 }
 
 // Blocks of 256 threads that must fit an SM at once (also the flat entry's bound).
