@@ -386,8 +386,6 @@ __device__ __forceinline__ void unit_backward_model(const QkNormArgs& a, const Q
   }
 }
 
-// The general kernel's body (qknorm_kernel, and its flat entry in
-// kernels/qknorm_flat.cuh): warp w takes tokens w, w + W, ... (W warps in the grid).
 // The blocks a body runs on: the whole grid, or (a kernel of several
 // bodies) blocks [0, n) of it.
 struct WholeGrid {
@@ -398,7 +396,9 @@ struct GridPart {
   __device__ __forceinline__ unsigned blocks() const { return n; }
 };
 
-// On the blocks of ``grid``; forward results go to ``sink``.
+// The general kernel's body (qknorm_kernel, and its flat entry in
+// kernels/qknorm_flat.cuh): warp w takes tokens w, w + W, ... (W warps in the
+// blocks of ``grid``); forward results go to ``sink``.
 template <typename T, bool INTERLEAVED, bool BWD, class Grid = WholeGrid, class Sink = QkOutSink>
 __device__ __forceinline__ void qknorm_body(const QkNormArgs& a, const Grid& grid = Grid{},
                                             const Sink& sink = Sink{}) {

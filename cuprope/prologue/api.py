@@ -91,6 +91,8 @@ def qk_norm_rope_append_kv(q, k, v, config, positions, *, q_weight=None, k_weigh
     for c in (kc, vc):
         if c is not None and any(overlaps(c, x) for x in (qi, ki, vi)):
             raise ValueError("the cache overlaps q, k or v")
+        if c is not None and any(w is not None and overlaps(c, w) for w in call.winfos):
+            raise ValueError("the cache overlaps a weight")
     tshapes = [(t,), (b, s)] if rank == 4 else [(t,)]
     addr = kvcache.check_addressing(dev, tshapes, slot_mapping, kv_indices, kv_indptr,
                                     batch_indices, cache_positions, kv_last_page_len)
