@@ -321,6 +321,30 @@ def _host_append(config, qi, ki, vi, qo, pos, kc, vc, kv_layout, pages, page_siz
     vview[page[valid], row[valid]] = enc_v
 
 
+def cache_fields(vi, vst, kloc, vloc, pages, page_size, addr, scales):
+    """KvArgs fields by name of v (``vst``: its batch, token, head strides),
+    the caches (``kloc``, ``vloc``: pointer and page, row, head strides), the
+    addressing infos and the fp8 scale infos (shared with cuprope.prologue)."""
+    kv = dict(v_ptr=vi.ptr, v_sb=vst[0], v_ss=vst[1], v_sh=vst[2], k_cache=kloc[0],
+              v_cache=vloc[0], kc_sp=kloc[1][0], kc_sr=kloc[1][1], kc_sh=kloc[1][2],
+              vc_sp=vloc[1][0], vc_sr=vloc[1][1], vc_sh=vloc[1][2], num_pages=pages,
+              page_size=page_size)
+    if "slot_mapping" in addr:
+        kv["slot_ptr"] = addr["slot_mapping"].ptr
+    else:
+        names = ("batch_indices", "cache_positions", "kv_indices", "kv_indptr")
+        kv.update(batch_ptr=addr[names[0]].ptr, cpos_ptr=addr[names[1]].ptr,
+                  indices_ptr=addr[names[2]].ptr, indptr_ptr=addr[names[3]].ptr,
+                  n_indices=addr["kv_indices"].shape[0], n_seqs=addr["kv_indptr"].shape[0] - 1,
+                  index_is64=sum(1 << i for i, n in enumerate(names)
+                                 if addr[n].dtype == "int64"))
+    for n in ("q", "k", "v"):
+        if scales[n] is not None:
+            kv[f"{n}_scale"] = scales[n].ptr
+    kv["kv_scale_sh"] = int(scales["k"] is not None and scales["k"].size > 1)
+    return kv
+
+
 def _gpu_append(config, qi, ki, vi, qo, pos, cache, addr, scales):
     """The launch (a launcher.Plan whose per-call words ``run`` fills from
     the pointers of rope_append_kv's ``arrays``) and the spans of those
@@ -346,26 +370,11 @@ def _gpu_append(config, qi, ki, vi, qo, pos, cache, addr, scales):
                 inv_freq_ptr=inv_freq.data.ptr, freq_sh=r // 2 if config.per_head else 0,
                 stream_map_ptr=0 if smap is None else smap.data.ptr, scale=config.scale,
                 sin_sign=1.0)
-    kv = dict(v_ptr=vi.ptr, v_sb=vst[0], v_ss=vst[1], v_sh=vst[2], k_cache=kloc[0],
-              v_cache=vloc[0], kc_sp=kloc[1][0], kc_sr=kloc[1][1], kc_sh=kloc[1][2],
-              vc_sp=vloc[1][0], vc_sr=vloc[1][1], vc_sh=vloc[1][2], num_pages=pages,
-              page_size=page_size, write_rest=int(not validate.same_view(qo, qi)))
-    if "slot_mapping" in addr:
-        kv["slot_ptr"] = addr["slot_mapping"].ptr
-    else:
-        names = ("batch_indices", "cache_positions", "kv_indices", "kv_indptr")
-        kv.update(batch_ptr=addr[names[0]].ptr, cpos_ptr=addr[names[1]].ptr,
-                  indices_ptr=addr[names[2]].ptr, indptr_ptr=addr[names[3]].ptr,
-                  n_indices=addr["kv_indices"].shape[0], n_seqs=addr["kv_indptr"].shape[0] - 1,
-                  index_is64=sum(1 << i for i, n in enumerate(names)
-                                 if addr[n].dtype == "int64"))
+    kv = cache_fields(vi, vst, kloc, vloc, pages, page_size, addr, scales)
+    kv["write_rest"] = int(not validate.same_view(qo, qi))
     table = angle_table(config, qi.device)
     if table is not None:  # RopeConfig.cache_angles
         kv.update(cs_ptr=table.data.ptr, cs_st=table.shape[1], cs_rows=table.shape[0])
-    for n in ("q", "k", "v"):
-        if scales[n] is not None:
-            kv[f"{n}_scale"] = scales[n].ptr
-    kv["kv_scale_sh"] = int(scales["k"] is not None and scales["k"].size > 1)
     combined = vc is None
     by_index = _by_index(qi, ki, vi, pos, kc, vc, combined, addr, qo if qo is not qi else None,
                          scales)
@@ -382,3 +391,12 @@ def _gpu_append(config, qi, ki, vi, qo, pos, cache, addr, scales):
                                  vec=vec, src=KV_ANGLES, fp8=fp8, rope=rope, kv=kv, calls=calls),
                          qi.device)
     return plan, [fastpath.span(i) for i in by_index]
+
+
+# The cache checks, shared with the ops that also write a KV cache
+# (cuprope.prologue): the same arguments and errors as rope_append_kv's.
+check_caches = _caches
+check_addressing = _addressing
+check_scale = _scale
+check_q_out = _q_out
+is_fp8 = _is_fp8

@@ -14,6 +14,11 @@ module is imported only by users who want it.
 * ``rotary_embedding(positions, query, key, head_size, cos_sin_cache,
   is_neox=True)`` — vLLM's op of that name (in place, returns None), over
   ``cuprope.cos_sin_cache``: an engine switches by one line.
+* ``fused_qk_norm_rope(qkv, num_heads_q, num_heads_k, num_heads_v, head_dim,
+  eps, q_weight, k_weight, cos_sin_cache, is_neox, position_ids)`` — vLLM's op
+  of that name (in place on qkv, no cache write), next to ``rotary_embedding``.
+  The one-launch decode prologue with the cache write is
+  ``cuprope.prologue`` (its custom op: ``cuprope.prologue.torch``).
 * ``rope_qk_norm(q, k, config, *, q_weight=None, k_weight=None, ...)`` — the
   fused QK-norm + RoPE (``cuprope.qknorm``), differentiable in q, k and the
   weights, with its custom ops (``cuprope/torch_qknorm.py``).
@@ -45,7 +50,8 @@ from .cos_sin_cache import rotary_embedding as _rotary_embedding
 from .config import RopeConfig, config_by_key
 
 __all__ = ["rope_qk", "rope", "rotate", "table_rotate", "RopeQKFunction",
-           "apply_rotary_pos_emb", "rotary_embedding", "rope_qk_norm", "RopeQKNormFunction"]
+           "apply_rotary_pos_emb", "rotary_embedding", "rope_qk_norm", "RopeQKNormFunction",
+           "fused_qk_norm_rope"]
 
 # Custom ops take only tensors and scalars: configs travel as their integer key.
 
@@ -347,6 +353,72 @@ def rotary_embedding(positions: torch.Tensor, query: torch.Tensor, key: Optional
         _rotary_embedding_op(positions, query, key, int(head_size), cos_sin_cache, bool(is_neox))
         return
     _rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox)
+
+
+def _vllm_qk_norm_rope(qkv, num_heads_q, num_heads_k, num_heads_v, head_dim, eps, q_weight,
+                       k_weight, cos_sin_cache, is_neox, position_ids, rounding):
+    from . import qknorm
+    t = qkv.shape[0]
+    if qkv.dim() != 2 or qkv.shape[1] != (num_heads_q + num_heads_k + num_heads_v) * head_dim:
+        raise ValueError(f"qkv must be [T, (Hq + Hk + Hv) * head_dim] = [T, "
+                         f"{(num_heads_q + num_heads_k + num_heads_v) * head_dim}], got "
+                         f"{list(qkv.shape)}")
+    r = cos_sin_cache.shape[-1]
+    heads = qkv.view(t, num_heads_q + num_heads_k + num_heads_v, head_dim)
+    q, k = heads[:, :num_heads_q], heads[:, num_heads_q:num_heads_q + num_heads_k]
+    cos, sin = cos_sin_cache.index_select(0, position_ids.reshape(-1).long()).chunk(2, dim=-1)
+    if is_neox:  # HF's tables: (j, j + R/2) share an angle
+        cos, sin = torch.cat((cos, cos), dim=-1), torch.cat((sin, sin), dim=-1)
+    else:        # GPT-J pairs (2j, 2j + 1)
+        cos, sin = cos.repeat_interleave(2, dim=-1), sin.repeat_interleave(2, dim=-1)
+    cfg = RopeConfig(r, interleaved=not is_neox, layout="thd")
+    qknorm.rope_qk_norm_forward(q, k, cfg, q_weight=q_weight, k_weight=k_weight, eps=eps,
+                                rounding=rounding, tables=(cos.to(qkv.dtype).contiguous(),
+                                                           sin.to(qkv.dtype).contiguous()),
+                                inplace=True)
+
+
+@torch.library.custom_op("cuprope::fused_qk_norm_rope", mutates_args=("qkv",))
+def _fused_qk_norm_rope_op(qkv: torch.Tensor, num_heads_q: int, num_heads_k: int,
+                           num_heads_v: int, head_dim: int, eps: float, q_weight: torch.Tensor,
+                           k_weight: torch.Tensor, cos_sin_cache: torch.Tensor, is_neox: bool,
+                           position_ids: torch.Tensor, rounding: str) -> None:
+    _vllm_qk_norm_rope(qkv, num_heads_q, num_heads_k, num_heads_v, head_dim, eps, q_weight,
+                       k_weight, cos_sin_cache, is_neox, position_ids, rounding)
+
+
+@_fused_qk_norm_rope_op.register_fake
+def _(*args):
+    return None
+
+
+def fused_qk_norm_rope(qkv: torch.Tensor, num_heads_q: int, num_heads_k: int, num_heads_v: int,
+                       head_dim: int, eps: float, q_weight: torch.Tensor,
+                       k_weight: torch.Tensor, cos_sin_cache: torch.Tensor, is_neox: bool,
+                       position_ids: torch.Tensor, *, rounding: str = "cast_then_weight") -> None:
+    """vLLM's ``fused_qk_norm_rope`` op: in place on ``qkv`` ``[T, (Hq + Hk +
+    Hv) * head_dim]``, the q and k heads RMS-normed over each head with
+    ``q_weight`` / ``k_weight`` ``[head_dim]`` (qkv's dtype) and ``eps``, then
+    rotated by the rows ``position_ids`` ``[T]`` of ``cos_sin_cache``
+    ``[max_position, R]`` (cos half, then sin half; R <= head_dim: the first
+    R dims of each head turn, the rest keep their normed values), NeoX pairs
+    (j, j + R/2) or, ``is_neox=False``, GPT-J pairs (2j, 2j + 1); v is not
+    touched, no cache is written. Returns None.
+
+    ``rounding="cast_then_weight"`` (default) gives vLLM's native
+    composition (``RMSNorm.forward_native``: v·r rounded to the dtype, times
+    the weight; then ``RotaryEmbedding.forward_native``: cos/sin cast to the
+    dtype, products and sums in it) bit for bit apart from the fp32 sum of
+    squares' order; ``"weight_then_cast"`` multiplies the weight in fp32.
+    One launch for the norm and rotation (``cuprope.qknorm`` with the
+    gathered cos/sin as HF tables) after a small gather of the cos/sin rows.
+    Under ``torch.compile`` it is the custom op ``cuprope::fused_qk_norm_rope``."""
+    args = (qkv, int(num_heads_q), int(num_heads_k), int(num_heads_v), int(head_dim),
+            float(eps), q_weight, k_weight, cos_sin_cache, bool(is_neox), position_ids, rounding)
+    if _compiling():
+        _fused_qk_norm_rope_op(*args)
+        return
+    _vllm_qk_norm_rope(*args)
 
 
 from .torch_qknorm import RopeQKNormFunction, rope_qk_norm  # noqa: E402  (re-exported)

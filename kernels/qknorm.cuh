@@ -219,9 +219,25 @@ __device__ __forceinline__ float norm_value(const QkNormArgs& a, bool has_w, flo
   return v * r * wf;
 }
 
-template <typename T, bool INTERLEAVED>
+// Where a forward puts its results: the outputs out_ptr (QK-norm itself), or
+// another op's targets (kernels/prologue.cuh: fp8 q, the KV cache). item
+// takes one item of head h of unit u (qknorm_kernel's body), vals the two
+// packs of a lane's chunk of head hh of tensor t (qknorm_rows_kernel's), both
+// in fp32 before their rounding to T.
+struct QkOutSink {
+  template <typename T>
+  __device__ __forceinline__ void item(const QkNormArgs& a, const QkToken&, const QkUnit& u,
+                                       int h, const QkItem& it, const float (&v)[2]) const;
+  template <typename T, int VEC>
+  __device__ __forceinline__ void vals(const QkNormArgs& a, int t, unsigned, unsigned, int,
+                                       long long out_off, int e0, int e1,
+                                       const float (&x)[2][VEC]) const;
+};
+
+template <typename T, bool INTERLEAVED, class Sink = QkOutSink>
 __device__ __forceinline__ void unit_forward(const QkNormArgs& a, const QkToken& tk,
-                                             const QkUnit& u, int lane) {
+                                             const QkUnit& u, int lane,
+                                             const Sink& sink = Sink{}) {
   const float r = unit_rsqrt<T, INTERLEAVED>(a, tk, u, u.src, u.in_off, a.r.in_sh, true, lane);
   const bool has_w = a.w_ptr[u.t] != 0;
   for (int k = lane; k < u.nh * u.ni; k += 32) {
@@ -239,8 +255,15 @@ __device__ __forceinline__ void unit_forward(const QkNormArgs& a, const QkToken&
         rot_fwd(k2, v);
       }
     }
-    store_item<T>(u.dst, u.out_off + h * a.r.out_sh[u.t], it, v);
+    sink.template item<T>(a, tk, u, h, it, v);
   }
+}
+
+template <typename T>
+__device__ __forceinline__ void QkOutSink::item(const QkNormArgs& a, const QkToken&,
+                                                const QkUnit& u, int h, const QkItem& it,
+                                                const float (&v)[2]) const {
+  store_item<T>(u.dst, u.out_off + h * a.r.out_sh[u.t], it, v);
 }
 
 template <typename T, bool INTERLEAVED>
@@ -363,17 +386,29 @@ __device__ __forceinline__ void unit_backward_model(const QkNormArgs& a, const Q
   }
 }
 
+// The blocks a body runs on: the whole grid, or (a kernel of several
+// bodies) blocks [0, n) of it.
+struct WholeGrid {
+  __device__ __forceinline__ unsigned blocks() const { return gridDim.x; }
+};
+struct GridPart {
+  unsigned n;
+  __device__ __forceinline__ unsigned blocks() const { return n; }
+};
+
 // The general kernel's body (qknorm_kernel, and its flat entry in
-// kernels/qknorm_flat.cuh): warp w takes tokens w, w + W, ... (W warps in the grid).
-template <typename T, bool INTERLEAVED, bool BWD>
-__device__ __forceinline__ void qknorm_body(const QkNormArgs& a) {
+// kernels/qknorm_flat.cuh): warp w takes tokens w, w + W, ... (W warps in the
+// blocks of ``grid``); forward results go to ``sink``.
+template <typename T, bool INTERLEAVED, bool BWD, class Grid = WholeGrid, class Sink = QkOutSink>
+__device__ __forceinline__ void qknorm_body(const QkNormArgs& a, const Grid& grid = Grid{},
+                                            const Sink& sink = Sink{}) {
   extern __shared__ float2 qk_cs[];
   const int lane = threadIdx.x & 31;
   const int npairs = static_cast<int>(a.r.rot_dim >> 1);
   const int d = static_cast<int>(a.r.head_dim);
   float2* cs = qk_cs + (threadIdx.x >> 5) * npairs;
   const long long warp = static_cast<long long>(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
-  const long long n_warps = static_cast<long long>(gridDim.x) * (blockDim.x >> 5);
+  const long long n_warps = static_cast<long long>(grid.blocks()) * (blockDim.x >> 5);
   const long long tokens = a.r.n_batch * a.r.n_seq;
   float* part = BWD ? reinterpret_cast<float*>(a.part_ptr) + warp * a.part_cols : nullptr;
   if (BWD) {
@@ -406,7 +441,7 @@ __device__ __forceinline__ void qknorm_body(const QkNormArgs& a) {
             unit_backward<T, INTERLEAVED>(a, tk, u, lane, part);
           }
         } else {
-          unit_forward<T, INTERLEAVED>(a, tk, u, lane);
+          unit_forward<T, INTERLEAVED, Sink>(a, tk, u, lane, sink);
         }
         __syncwarp();
       }
@@ -529,12 +564,12 @@ struct RowUnit {
 };
 
 // The forward of the lane's row of unit u: x (pre-norm) normed with r and
-// w', rotated (norm_then_rope) and stored.
-template <typename T, bool INTERLEAVED, int VEC>
+// w', rotated (norm_then_rope) and handed to ``sink``.
+template <typename T, bool INTERLEAVED, int VEC, class Sink>
 __device__ __forceinline__ void row_forward(const QkNormArgs& a, const RowUnit& u,
                                             float (&x)[2][VEC], const float (&w)[2][VEC],
                                             const float2 (&csv)[VEC], float r, bool has_w,
-                                            int e0, int e1) {
+                                            int e0, int e1, const Sink& sink) {
   if (a.rounding == 0) {  // (warp-uniform: the exact mode's loop has no branches)
 #pragma unroll
     for (int k = 0; k < 2; ++k)
@@ -547,7 +582,7 @@ __device__ __forceinline__ void row_forward(const QkNormArgs& a, const RowUnit& 
       for (int i = 0; i < VEC; ++i) x[k][i] = norm_value<T>(a, has_w, x[k][i], r, w[k][i]);
   }
   if (!a.rope_first) rotate_vals<INTERLEAVED, VEC>(x, csv, 1.f);
-  if (u.on) store_vals<T, VEC>(a.r.out_ptr[u.t], u.out_off, e0, e1, x);
+  if (u.on) sink.template vals<T, VEC>(a, u.t, u.b, u.s, u.hh, u.out_off, e0, e1, x);
 }
 
 // The backward of the lane's row (exact rounding), from x (pre-norm) and g
@@ -641,8 +676,12 @@ __device__ __forceinline__ float row_rsqrt(const float (&x)[2][VEC], int c, int 
 }
 
 // The fast path's body (qknorm_rows_kernel and its flat entry).
-template <typename T, bool INTERLEAVED, int VEC, bool BWD>
-__device__ __forceinline__ void qknorm_rows_body(const QkNormArgs& a) {
+// (``grid``, ``sink`` as in qknorm_body; the backward's partial rows assume
+// the whole grid.)
+template <typename T, bool INTERLEAVED, int VEC, bool BWD, class Grid = WholeGrid,
+          class Sink = QkOutSink>
+__device__ __forceinline__ void qknorm_rows_body(const QkNormArgs& a, const Grid& grid = Grid{},
+                                                 const Sink& sink = Sink{}) {
   // [warps][npairs] cos/sin, then w' of q and k [2][D]; BWD: then [warps * rpw][part_cols]
   extern __shared__ float2 qk_cs[];
   const int lane = threadIdx.x & 31, wib = threadIdx.x >> 5;
@@ -659,7 +698,7 @@ __device__ __forceinline__ void qknorm_rows_body(const QkNormArgs& a) {
   const int e0 = c * VEC, e1 = e0 + npairs;
   const ChunkPairs<INTERLEAVED, VEC> pair_at{e0, e1};
   const long long warp = static_cast<long long>(blockIdx.x) * (blockDim.x >> 5) + wib;
-  const long long n_warps = static_cast<long long>(gridDim.x) * (blockDim.x >> 5);
+  const long long n_warps = static_cast<long long>(grid.blocks()) * (blockDim.x >> 5);
   const long long tokens = a.r.n_batch * a.r.n_seq;
   const int d = static_cast<int>(a.r.head_dim);
   float* wsm = reinterpret_cast<float*>(qk_cs + (blockDim.x >> 5) * npairs);  // w' [2][D]
@@ -754,7 +793,7 @@ __device__ __forceinline__ void qknorm_rows_body(const QkNormArgs& a) {
     float w[2][VEC];
     lane_weights<VEC>(wsm, t, d, e0, e1, w);
     if constexpr (!BWD) {
-      row_forward<T, INTERLEAVED, VEC>(a, u, x, w, csv, r, has_w, e0, e1);
+      row_forward<T, INTERLEAVED, VEC>(a, u, x, w, csv, r, has_w, e0, e1, sink);
     } else {
       const float mean =
           row_backward_mean<INTERLEAVED, VEC>(a, x, g, w, csv, r, inv_d, c, cpr, sub);
@@ -793,6 +832,13 @@ template <typename T, bool INTERLEAVED, int VEC, bool BWD>
 __global__ void __launch_bounds__(kQkThreads, qknorm_rows_min_blocks<BWD>())
     qknorm_rows_kernel(const QkNormArgs a) {
   qknorm_rows_body<T, INTERLEAVED, VEC, BWD>(a);
+}
+
+template <typename T, int VEC>
+__device__ __forceinline__ void QkOutSink::vals(const QkNormArgs& a, int t, unsigned, unsigned,
+                                                int, long long out_off, int e0, int e1,
+                                                const float (&x)[2][VEC]) const {
+  store_vals<T, VEC>(a.r.out_ptr[t], out_off, e0, e1, x);
 }
 
 // The weight gradients from the partial rows: column c of out is the sum of

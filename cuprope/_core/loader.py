@@ -116,6 +116,11 @@ TUNING_DEFAULTS = {
     # flight; and the warps per SM the host fills before a warp takes more
     # than one row of a token (host only). Not yet tuned on a GPU.
     "CUPROPE_MLA_UNROLL": 4, "CUPROPE_MLA_WARPS_PER_SM": 64,
+    # the decode prologue (kernels/prologue.cuh): blocks of 256 threads that
+    # must fit an SM at once. 3 (the QK-norm head-rows forward's) spills
+    # 16-88 bytes in the 16-bit head-rows instantiations (80 registers); 2
+    # spills none (96-112). Not yet timed.
+    "CUPROPE_PROLOGUE_MIN_BLOCKS": 2,
 }
 
 
@@ -305,6 +310,36 @@ def mla_kernel_names() -> list[str]:
             for v in lrpe_vec_widths(dt) for f in range(4)]
 
 
+# The decode prologue (kernels/prologue.cu, a translation unit of its own):
+# one family per dtype and fp8 combination (a call compiles only its own),
+# prologue_kernel for the general QK-norm body (vec 0) and the head-rows fast
+# path (the widest packs), both pairings.
+PROLOGUE_ENTRY = "prologue.cu"
+PROLOGUE_FAMILIES = tuple(f"prologue_{dt}_{f}" for dt in DTYPE_CTYPES for f in range(4))
+
+
+def prologue_family_of(dtype: str, fp8: int) -> str:
+    """The family holding the prologue kernels of ``dtype`` and ``fp8``."""
+    return f"prologue_{dtype}_{int(fp8)}"
+
+
+def prologue_kernel_name(dtype: str, interleaved: bool, vec: int, fp8: int = 0) -> str:
+    """Name expression of one ``prologue_kernel`` instantiation: ``vec`` 0
+    (qknorm_kernel's body) or the widest width of ``dtype`` (the head rows'),
+    ``fp8`` a sum of KV_FP8_Q and KV_FP8_CACHE."""
+    if vec not in (0, vec_widths(dtype)[0]) or fp8 not in range(4):
+        raise ValueError(f"no prologue_kernel for vec={vec!r}, fp8={fp8!r}")
+    return (f"cuprope::prologue_kernel<{DTYPE_CTYPES[dtype]}, {_b(interleaved)}, {int(vec)}, "
+            f"{int(fp8)}>")
+
+
+def prologue_kernel_names(family: str | None = None) -> list[str]:
+    """Every prologue_kernel instantiation (of one prologue family, or all)."""
+    return [prologue_kernel_name(dt, il, v, f) for dt in DTYPE_CTYPES for f in range(4)
+            if family in (None, prologue_family_of(dt, f)) for il in (False, True)
+            for v in (0, vec_widths(dt)[0])]
+
+
 def kernel_dir():
     """The folder holding the kernel sources: ``cuprope/kernels`` in an
     installed package, ``kernels/`` beside ``cuprope/`` in a source checkout."""
@@ -362,6 +397,8 @@ class _Modules:
 
         if family == MLA_FAMILY:
             names, entry = mla_kernel_names(), MLA_ENTRY
+        elif family in PROLOGUE_FAMILIES:
+            names, entry = prologue_kernel_names(family), PROLOGUE_ENTRY
         elif family in KV_FAMILIES:
             names, entry = kv_kernel_names(family), KV_ENTRY
         else:

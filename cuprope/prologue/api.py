@@ -1,0 +1,204 @@
+"""The decode prologue in one launch: QK-norm + RoPE of q and k (as
+``cuprope.qknorm.rope_qk_norm_forward``), q into ``q_out`` (its dtype or fp8
+e4m3), and the normed, rotated k and the raw v written into a paged KV cache
+(as ``cuprope.kvcache.rope_append_kv``), for Qwen3, Gemma 3, OLMo 2 and
+Llama 4 layers, every step.
+
+Shapes: q ``[T, Hq, D]`` with ``config.layout == "thd"``, or ``[B, S, Hq, D]``
+with ``"bshd"``; k and v ``[T or B, S, Hk, D]`` alike; float32, float16 or
+bfloat16, one dtype; any token and head strides, a contiguous last dim.
+positions: int32/int64, required: ``[T]`` (thd), ``[S]`` or ``[B, S]``
+(bshd), with a leading stream axis under a stream map.
+
+The norm (``q_weight``, ``k_weight``, ``eps``, ``norm``, ``weight_offset``,
+``order``, ``norm_over``, ``rounding``) is ``rope_qk_norm_forward``'s, with
+computed angles (no HF ``tables``); the cache, its addressing (``slot_mapping``
+or ``kv_indices`` / ``kv_indptr`` / ``batch_indices`` / ``cache_positions``),
+``kv_layout`` ("NHD"/"HND"), separate ``k_cache``/``v_cache`` or one
+``kv_cache``, the fp8 scales ``q_scale``/``k_scale``/``v_scale`` (float32
+device scalars, k and v per head too), ``check`` and what is skipped
+(padding, indices out of range) are ``rope_append_kv``'s.
+
+Results: the bits of ``rope_qk_norm_forward(q, k, config, ...)`` followed by
+``rope_append_kv`` of its q and k (with a rotation by angle 0): q_out holds
+the normed, rotated q rounded to the dtype (e4m3 of it times 1/q_scale for an
+fp8 q_out); the cache rows hold k likewise and v (e4m3 of v times 1/v_scale
+for an fp8 cache). Every other byte of q_out and the caches is untouched.
+q is written in place unless ``q_out`` is given; k and v are only read.
+Returns q_out (or q). JAX arrays are not taken (a cache write needs donated
+buffers).
+"""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from .. import kvcache
+from .. import kvcache_reference as kref
+from .. import reference as rref
+from .._core import engine, launcher, validate
+from .._core.arrays import describe, overlaps
+from .._core.loader import KV_FP8_CACHE, KV_FP8_Q, vec_widths
+from ..config import RopeConfig
+from ..kvcache_arrays import np_view, to_host, token_geometry
+from ..qknorm import QkNormCall
+from . import launch, reference
+
+__all__ = ["qk_norm_rope_append_kv"]
+
+_LAYOUT_RANK = {"thd": 3, "bshd": 4}
+
+
+def qk_norm_rope_append_kv(q, k, v, config, positions, *, q_weight=None, k_weight=None,
+                           eps=1e-6, norm="rms", weight_offset=0.0, order="norm_then_rope",
+                           norm_over="head", rounding="exact", k_cache=None, v_cache=None,
+                           kv_cache=None, kv_layout="NHD", slot_mapping=None, kv_indices=None,
+                           kv_indptr=None, batch_indices=None, cache_positions=None,
+                           kv_last_page_len=None, q_out=None, q_scale=None, k_scale=None,
+                           v_scale=None, check=False, stream=None):
+    """Norm and rotate q and k, store q (into ``q_out``, else in place) and
+    write k and v into the cache rows the addressing names, in one launch
+    (module docstring). Returns q_out (or q)."""
+    if not isinstance(config, RopeConfig):
+        raise TypeError(f"config must be a cuprope.RopeConfig, got {type(config).__name__}")
+    if positions is None:
+        raise ValueError("positions are required (the tokens' positions in their sequences)")
+    qi, ki, vi = describe(q, "q"), describe(k, "k"), describe(v, "v")
+    for info, name in ((qi, "q"), (ki, "k"), (vi, "v")):
+        if info.kind == "jax":
+            raise TypeError("JAX arrays are immutable: the prologue writes a KV cache in place "
+                            "(not offered for JAX)")
+    rank = _LAYOUT_RANK.get(config.layout)
+    if rank is None or len(qi.shape) != rank:
+        raise ValueError(f"q must be [T, H, D] with config.layout 'thd' or [B, S, H, D] with "
+                         f"'bshd'; got shape {list(qi.shape)} and layout {config.layout!r}")
+    call = QkNormCall(qi, ki, None, None, config, _maybe(q_weight, "q_weight"),
+                      _maybe(k_weight, "k_weight"), eps, norm, weight_offset, order, norm_over,
+                      rounding, None, describe(positions, "positions"), 0, None)
+    validate.check_float(vi, "v")
+    validate.check_last_dim(vi, "v")
+    validate.check_same_kind(qi, vi, "q", "v")
+    gq, gk, gv = (token_geometry(i, n) for i, n in ((qi, "q"), (ki, "k"), (vi, "v")))
+    if gv[:4] != gk[:4] or vi.dtype != qi.dtype:
+        raise ValueError(f"v must have k's shape and q's dtype: k {list(ki.shape)}, v "
+                         f"{list(vi.shape)} {vi.dtype}")
+    b, s, hq, d = gq[:4]
+    hk, t, dev = gk[2], b * s, qi.device
+    kc, vc, kloc, vloc, pages, page_size = kvcache.check_caches(k_cache, v_cache, kv_cache,
+                                                                kv_layout, qi, hk, d)
+    fp8_cache = kvcache.is_fp8(kc)
+    for c in (kc, vc):
+        if c is not None and any(overlaps(c, x) for x in (qi, ki, vi)):
+            raise ValueError("the cache overlaps q, k or v")
+        if c is not None and any(w is not None and overlaps(c, w) for w in call.winfos):
+            raise ValueError("the cache overlaps a weight")
+    tshapes = [(t,), (b, s)] if rank == 4 else [(t,)]
+    addr = kvcache.check_addressing(dev, tshapes, slot_mapping, kv_indices, kv_indptr,
+                                    batch_indices, cache_positions, kv_last_page_len)
+    qo = kvcache.check_q_out(q_out, qi, (ki, vi, kc, vc))
+    for w in call.winfos:
+        if w is not None and overlaps(qo, w):
+            raise ValueError("q_out overlaps a weight")
+    scales = _scales(qo, fp8_cache, dev, hk, q_scale, k_scale, v_scale)
+    if check:
+        kref.check_indices({n: to_host(i).astype(np.int64).reshape(-1) for n, i in addr.items()},
+                           pages, page_size)
+    if t == 0:
+        return qo.obj
+    if dev < 0:
+        _host(call, qi, ki, vi, qo, kc, vc, kv_layout, pages, page_size, addr, scales)
+        return qo.obj
+    kv = kvcache.cache_fields(vi, gv[4], kloc, vloc, pages, page_size, addr, scales)
+    fp8 = (KV_FP8_Q if scales["q"] is not None else 0) | (KV_FP8_CACHE if fp8_cache else 0)
+    packs = _packs(call, qi, ki, vi, qo, gv, kloc, vloc, fp8_cache, dev)
+    inv_freq, smap = config.device_tables(dev)
+    sp = launch.spec(call, qi, qo, ki, dev, kv=kv, fp8=fp8, packs=packs, tokens=t,
+                     inv_freq_ptr=inv_freq.data.ptr,
+                     stream_map_ptr=0 if smap is None else smap.data.ptr)
+    stream_ptr = engine.stream_handle(stream, qi)
+    launcher.on_device(dev, _plan(sp, dev).run, stream_ptr)
+    return engine.hand_back([qi], [qo], stream_ptr)[0]
+
+
+_PLANS: dict = {}  # (thread, device, the spec's kernel, grid and words) -> launcher.Plan
+_MAX_PLANS = 256
+
+
+def _plan(sp, dev):
+    """The Plan of a spec, kept per thread and exact argument words, so that a
+    repeated call (a decode step, a warm-up before a CUDA-graph capture)
+    launches through the driver with nothing allocated."""
+    key = (threading.get_ident(), dev, sp.kernel, sp.grid, sp.smem,
+           b"".join(bytes(raw) for _, raw in sp.params))
+    p = _PLANS.get(key)
+    if p is None:
+        if len(_PLANS) >= _MAX_PLANS:
+            _PLANS.clear()
+        p = _PLANS[key] = launcher.plan(sp, dev)
+    return p
+
+
+def _maybe(x, name):
+    return None if x is None else describe(x, name)
+
+
+def _scales(qo, fp8_cache, dev, hk, q_scale, k_scale, v_scale):
+    """{"q", "k", "v": scale info or None}, as rope_append_kv checks them."""
+    q8 = kvcache.is_fp8(qo)
+    if not fp8_cache and (k_scale is not None or v_scale is not None):
+        raise ValueError("k_scale and v_scale are read only for an fp8 (e4m3) cache")
+    if not q8 and q_scale is not None:
+        raise ValueError("q_scale is read only for an fp8 (e4m3) q_out")
+    out = {"q": kvcache.check_scale(q_scale, "q_scale", dev, [(), (1,)]) if q8 else None}
+    for name, x in (("k", k_scale), ("v", v_scale)):
+        out[name] = (kvcache.check_scale(x, f"{name}_scale", dev, [(), (1,), (hk,)])
+                     if fp8_cache else None)
+    if fp8_cache and out["k"].size != out["v"].size:
+        raise ValueError("k_scale and v_scale must both be per tensor or both per head")
+    return out
+
+
+def _packs(call, qi, ki, vi, qo, gv, kloc, vloc, fp8_cache, dev):
+    """PrologueArgs.packs: which targets take whole packs (aligned for them)."""
+    vec = launch.vec_of(call, qi, ki, dev)
+    cisz = 1 if fp8_cache else qi.itemsize
+    packs = 0
+    if vec and launch.pack_ok(vec, [(qo.ptr, qo.itemsize, token_geometry(qo, "q_out")[4])]):
+        packs |= launch.PACK_Q
+    if vec and launch.pack_ok(vec, [(kloc[0], cisz, kloc[1])]):
+        packs |= launch.PACK_K
+    w = vec_widths(qi.dtype)[0]
+    if call.d % w == 0 and launch.pack_ok(w, [(vi.ptr, vi.itemsize, gv[4]),
+                                              (vloc[0], cisz, vloc[1])]):
+        packs |= launch.PACK_V
+    return packs
+
+
+def _host(call, qi, ki, vi, qo, kc, vc, kv_layout, pages, page_size, addr, scales):
+    """The NumPy backend: the float64 reference (cuprope.prologue.reference)
+    and the stores the kernel makes."""
+    t = qi.size // (qi.shape[-1] * qi.shape[-2])
+    x = {n: np_view(i).reshape(t, i.shape[-2], i.shape[-1]) for n, i in
+         (("q", qi), ("k", ki), ("v", vi))}
+    ns = call.config.n_streams
+    pos = to_host(call.pos_info).astype(np.int64)
+    validate.check_positions(pos)
+    pos = rref.token_positions(call.b, call.s, positions=pos, n_streams=ns).reshape(ns, t)
+    pos = pos if ns > 1 else pos[0]
+    h = {n: to_host(i).astype(np.int64).reshape(-1) for n, i in addr.items()}
+    sc = {n: None if i is None else to_host(i).astype(np.float32).reshape(-1)
+          for n, i in scales.items()}
+    w = [None if i is None else to_host(i) for i in call.winfos]
+    enc_q, valid, page, row, enc_k, enc_v = reference.prologue(
+        x["q"], x["k"], x["v"], call.config, pos, n_pages=pages, page_size=page_size,
+        q_weight=w[0], k_weight=w[1], eps=call.eps, weight_offset=call.weight_offset,
+        order=call.order, norm_over=call.over, rounding=call.rounding,
+        slot_mapping=h.get("slot_mapping"), batch_indices=h.get("batch_indices"),
+        cache_positions=h.get("cache_positions"), kv_indices=h.get("kv_indices"),
+        kv_indptr=h.get("kv_indptr"), q_scale=sc["q"], k_scale=sc["k"], v_scale=sc["v"])
+    out_q = np_view(qo)
+    (out_q.view(np.uint8) if sc["q"] is not None else out_q)[...] = enc_q.reshape(out_q.shape)
+    kview, vview = kvcache.cache_views(kc, vc, kv_layout, sc["k"] is not None)
+    kview[page[valid], row[valid]] = enc_k
+    vview[page[valid], row[valid]] = enc_v
