@@ -32,7 +32,10 @@ sys.path.insert(0, os.path.join(_HERE, ".."))
 sys.path.insert(0, _HERE)
 import cuprope  # noqa: E402
 from cuprope.mla import rope_append_mla  # noqa: E402
-from kvcache_bench import FI_DEFAULT, flashinfer_lines, graph_us  # noqa: E402
+from kvcache_bench import flashinfer_lines, graph_us  # noqa: E402
+
+# FlashInfer's harness where ../shared/peers/README.md builds it (or --fi-bin)
+FI_DEFAULT = os.path.join(_HERE, "..", "..", "shared", "peers", "fi_bench_bin")
 
 H, R, N, PAGE, CTX = 128, 64, 512, 64, 512
 CASES = [("decode", b, 1) for b in (1, 64, 256, 1024)] + [("prefill", 1, 16384)]

@@ -55,6 +55,7 @@ struct QkNormArgs {
   long long rope_first;               // 1: rope_then_norm
   long long rounding;                 // 0 exact, 1 cast_then_weight, 2 weight_then_cast
   long long table;                    // 1: cos at r.pos_ptr, sin at r.seq_off_ptr, [B, S, R] in T
+  long long step_groups;              // rows kernel: warps sharing a token's heads (1: one warp)
   double eps, weight_offset;
 };
 
@@ -723,9 +724,23 @@ __device__ __forceinline__ void qknorm_rows_body(const QkNormArgs& a, const Grid
     u.x_off = BWD ? ub * a.x_sb[u.t] + us * a.x_ss[u.t] + u.hh * a.x_sh[u.t] : u.in_off;
     return u;
   };
-  auto split = [&](long long tok, unsigned& ub, unsigned& us) {  // one division per token
+  // Work items: (token, group of steps), a.step_groups contiguous groups of
+  // spg steps per token (1 at prefill: the warp walks all of its token's heads;
+  // always 1 backward, whose registers have no room for it).
+  const int groups = BWD ? 1 : static_cast<int>(a.step_groups);
+  const int spg = (steps + groups - 1) / groups;
+  const long long items = tokens * groups;
+  auto split = [&](long long item, unsigned& ub, unsigned& us, int& s0, int& s1) {
+    long long tok = item;  // one division per token (two with groups)
+    int g = 0;
+    if (groups > 1) {
+      tok = item / groups;
+      g = static_cast<int>(item - tok * groups);
+    }
     ub = static_cast<unsigned>(tok / a.r.n_seq);
     us = static_cast<unsigned>(tok - static_cast<long long>(ub) * a.r.n_seq);
+    s0 = g * spg;
+    s1 = min(steps, s0 + spg);
   };
   auto load_unit = [&](const RowUnit& u, RowPacks<T, VEC, BWD>& p) {
     if (!u.on) return;
@@ -739,17 +754,18 @@ __device__ __forceinline__ void qknorm_rows_body(const QkNormArgs& a, const Grid
   };
   __syncthreads();
   long long pos0 = 0;
-  long long tok = warp;
-  int step = 0;
+  long long item = warp;
+  int step = 0, step_end = 0;
+  bool fresh = true;  // the item's first step
   unsigned b = 0, s = 0;
   RowPacks<T, VEC, BWD> cur;
-  if (tok < tokens) {
-    split(tok, b, s);
-    load_unit(unit_at(b, s, 0), cur);
+  if (item < items) {
+    split(item, b, s, step, step_end);
+    load_unit(unit_at(b, s, step), cur);
   }
-  while (tok < tokens) {
+  while (item < items) {
     const RowUnit u = unit_at(b, s, step);
-    if (step == 0) {  // the token's cos/sin (its first loads are in flight)
+    if (fresh) {  // the token's cos/sin (its first loads are in flight)
       pos0 = a.r.stream_map_ptr ? 0 : token_position(a.r, b, s, 0);
       if (!a.r.freq_sh) {
         for (int p = lane; p < npairs; p += 32)
@@ -758,16 +774,15 @@ __device__ __forceinline__ void qknorm_rows_body(const QkNormArgs& a, const Grid
       __syncwarp();
     }
     // the next unit's loads
-    long long ntok = tok;
-    int nstep = step + 1;
+    long long nitem = item;
+    int nstep = step + 1, nend = step_end;
     unsigned nb = b, ns = s;
-    if (nstep == steps) {
-      nstep = 0;
-      ntok += n_warps;
-      if (ntok < tokens) split(ntok, nb, ns);
+    if (nstep == step_end) {
+      nitem += n_warps;
+      if (nitem < items) split(nitem, nb, ns, nstep, nend);
     }
     RowPacks<T, VEC, BWD> nxt;
-    if (ntok < tokens) load_unit(unit_at(nb, ns, nstep), nxt);
+    if (nitem < items) load_unit(unit_at(nb, ns, nstep), nxt);
     float2 csv[VEC];
     chunk_cos_sin<INTERLEAVED, VEC>(a, cs, cpr, c, u, pair_at, pos0, csv);
     const int t = u.t;
@@ -813,10 +828,12 @@ __device__ __forceinline__ void qknorm_rows_body(const QkNormArgs& a, const Grid
       }
       row_backward_store<T, INTERLEAVED, VEC>(a, u, x, g, w, csv, r, mean, e0, e1);
     }
-    if (nstep == 0) __syncwarp();  // every lane is done with the token's cos/sin
+    fresh = nitem != item;
+    if (fresh) __syncwarp();  // every lane is done with the token's cos/sin
     cur = nxt;
-    tok = ntok;
+    item = nitem;
     step = nstep;
+    step_end = nend;
   }
   if constexpr (BWD) block_dw_row(a, rows, (blockDim.x >> 5) * rpw);
 }

@@ -460,10 +460,10 @@ def test_qk_norm_gpu_lowering_plan_built_on_the_cpu(case, backward, dtype, fast)
     assert main.name == geo.flat_name == loader.qknorm_flat_kernel_name(dtype, cfg.interleaved,
                                                                         geo.vec, backward)
     assert main.grid == (geo.blocks, 1, 1) and main.warps == 8 and main.smem == geo.smem
-    assert geo.blocks == -(-min(c.b * c.s, (8 if fast else 4) * 8 * 132) // 8)
+    assert geo.blocks == -(-min(c.b * c.s * geo.step_groups, (8 if fast else 4) * 8 * 132) // 8)
     assert main.smem + ql.QKNORM_ARGS.size <= 48 * 1024
     n_ptr = len(st.pointers)
-    assert [p[1] for p in main.params[n_ptr:]] == words and len(main.params) == 67
+    assert [p[1] for p in main.params[n_ptr:]] == words and len(main.params) == 68
     has = {"in_ptr0": True, "in_ptr1": True, "x_ptr0": backward, "x_ptr1": backward,
            "pos_ptr": "positions" in arrays, "seq_off_ptr": False,
            "w_ptr0": "q_weight" in arrays, "w_ptr1": "k_weight" in arrays,

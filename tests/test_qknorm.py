@@ -527,3 +527,23 @@ def hf_backward_match(model_type, rounding, offset, device="cpu"):
             assert (got.float() - ref.float()).abs().max() <= 2.0 ** -7 * ref.float().abs().max()
             same_w += torch.equal(got, ref)
     assert same_w >= 6, same_w
+
+
+def test_rows_kernel_step_groups_split_a_tokens_heads_at_decode():
+    """qknorm_rows_kernel's work items: with fewer tokens than the grid holds
+    warps, a token's ceil(H / heads-per-step) steps go to several warps in
+    contiguous, non-empty groups; at prefill one warp takes the whole token."""
+    from types import SimpleNamespace as NS
+
+    from cuprope._core import qknorm_launch as ql
+    call = NS(layout="thd")
+    ins = [NS(shape=(1, 32, 128)), NS(shape=(1, 8, 128))]  # Qwen3-8B: 40 heads of 128
+    # bf16 packs of 8: 8 lanes a head, 4 heads a step, 10 steps a token
+    assert ql.step_groups(call, ins, 64, 8, 1, 8448) == 10
+    assert ql.step_groups(call, ins, 64, 8, 1024, 8448) == 1  # an eighth of the grid's warps
+    assert ql.step_groups(call, ins, 64, 8, 16384, 8448) == 1
+    for tokens in range(1, 40):
+        g = ql.step_groups(call, ins, 64, 8, tokens, 512)
+        per = -(-10 // g)
+        assert 1 <= g <= 10 and (g - 1) * per < 10 <= g * per  # every group has steps
+        assert tokens * g <= max(64, tokens)

@@ -115,7 +115,7 @@ QKNORM_ARGS = ArgStruct("QkNormArgs", ROPE_ARGS.fields + (
     ("x_ptr", 2, "q"), ("x_sb", 2, "q"), ("x_ss", 2, "q"), ("x_sh", 2, "q"), ("w_ptr", 2, "q"),
     ("w_dtype", 2, "q"), ("w_col", 2, "q"), ("part_ptr", 1, "q"), ("part_cols", 1, "q"),
     ("norm_token", 1, "q"), ("rope_first", 1, "q"), ("rounding", 1, "q"), ("table", 1, "q"),
-    ("eps", 1, "d"), ("weight_offset", 1, "d"),
+    ("step_groups", 1, "q"), ("eps", 1, "d"), ("weight_offset", 1, "d"),
 ), pointers=("in_ptr0", "in_ptr1", "x_ptr0", "x_ptr1", "pos_ptr", "seq_off_ptr", "w_ptr0",
              "w_ptr1", "inv_freq_ptr", "stream_map_ptr", "out_ptr0", "out_ptr1", "part_ptr"),
     outputs=("out_ptr0", "out_ptr1", "part_ptr"))

@@ -55,6 +55,7 @@ class Geometry:
     smem: int
     part_rows: int
     part_cols: int
+    step_groups: int = 1
 
     @property
     def kernel_name(self) -> str:
@@ -113,7 +114,9 @@ def geometry(call, ins, out_infos, backward, sms) -> Geometry:
     npairs = call.config.rotary_dim // 2
     part_cols = sum(weight_lengths(call)) if backward else 0
     vec = fast_vec(call, ins, out_infos, backward, part_cols)
-    warps = min(call.b * call.s, (8 if vec else 4) * WARPS * sms)
+    tokens, cap = call.b * call.s, (8 if vec else 4) * WARPS * sms
+    groups = step_groups(call, ins, npairs, vec, tokens, cap) if vec and not backward else 1
+    warps = min(tokens * groups, cap)
     blocks = max(1, -(-warps // WARPS))
     smem = WARPS * npairs * 8
     if vec:
@@ -123,7 +126,23 @@ def geometry(call, ins, out_infos, backward, sms) -> Geometry:
                          f"kernels: {smem} bytes of shared memory per block (at most "
                          f"{SMEM_BUDGET})")
     return Geometry(call.dtype, call.config.interleaved, backward, vec, blocks, smem,
-                    blocks if vec else blocks * WARPS, part_cols)
+                    blocks if vec else blocks * WARPS, part_cols, groups)
+
+
+def step_groups(call, ins, npairs, vec, tokens, cap) -> int:
+    """How many warps share one token's heads in qknorm_rows_kernel: a warp
+    walks 32 / (npairs / vec) heads a step, so a token of H heads takes
+    ceil(H / that) dependent steps; with fewer tokens than the grid holds
+    warps (decode), the steps are split into contiguous groups, each a
+    warp's (every group non-empty), so the load latencies overlap; up to an
+    eighth of the grid's warps (every warp also forms its token's cos/sin:
+    past that the split measured slower in the prologue, NOTES 42).
+    Forward only (the backward kernel keeps one warp per token)."""
+    heads = sum(canon_sizes(i.shape, call.layout)[2] for i in ins)
+    steps = -(-heads // (32 // (npairs // vec)))
+    want = max(1, min(steps, cap // 8 // max(tokens, 1)))
+    per = -(-steps // want)
+    return -(-steps // per)
 
 
 def struct_fields(call, ins, out_infos, geo, *, inv_freq_ptr, stream_map_ptr, part_ptr):
@@ -160,7 +179,7 @@ def struct_fields(call, ins, out_infos, geo, *, inv_freq_ptr, stream_map_ptr, pa
         part_ptr=part_ptr, part_cols=geo.part_cols, norm_token=int(call.over == "token"),
         rope_first=int(call.order == "rope_then_norm"),
         rounding=ROUNDINGS.index(call.rounding), table=int(call.tables is not None),
-        eps=call.eps, weight_offset=call.weight_offset)
+        step_groups=geo.step_groups, eps=call.eps, weight_offset=call.weight_offset)
     return fields
 
 
