@@ -1,6 +1,6 @@
 """The core functions' guard for torch tensors: autograd and torch.compile.
 
-The core (``cuprope.api``, ``cuprope.tables``, ``cuprope.qknorm``,
+The core (``cuprope.rope.api``, ``cuprope.tables``, ``cuprope.qknorm``,
 ``cuprope.lrpe``, ``cuprope.ggml``) launches kernels that autograd does not
 see, and reads pointers and host values that a ``torch.compile`` trace does
 not have. So a core call on torch tensors does not run the core as is when

@@ -139,7 +139,7 @@ def test_host_and_kernels_read_one_set_of_constants():
     assert d["CUPROPE_ACT_SOFTMAX_SEQ"] == str(launch.SOFTMAX_SEQ)
     assert d["CUPROPE_SEQ_SLICES"] == str(launch.SEQ_SLICES)
     assert d["CUPROPE_SRC_TABLE"] == str(_loader.SRC_TABLE)
-    from cuprope._core import qknorm_launch
+    from cuprope.qknorm import launch as qknorm_launch
     assert d["CUPROPE_QKNORM_WARPS"] == str(qknorm_launch.WARPS)
     assert qknorm_launch.THREADS == 32 * qknorm_launch.WARPS
     assert d["CUPROPE_QKNORM_DW_PAD"] == str(qknorm_launch.DW_PAD)

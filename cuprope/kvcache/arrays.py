@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import kvcache_reference as kref
-from ._core import host, validate
-from ._core.arrays import describe
+from . import reference as kref
+from .._core import host, validate
+from .._core.arrays import describe
 
 __all__ = ["token_geometry", "index_info", "to_host", "np_view"]
 

@@ -2,7 +2,7 @@
 Qwen3, Gemma 3 and OLMo 2 apply right before RoPE, and Llama 4 right after
 it, forward and backward, q and k in one launch.
 
-Shapes (``config.layout`` as in ``cuprope.api``): q ``[B, S, Hq, D]``
+Shapes (``config.layout`` as in ``cuprope.rope.api``): q ``[B, S, Hq, D]``
 (``"bshd"``), ``[B, Hq, S, D]`` (``"bhsd"``) or ``[T, Hq, D]`` (``"thd"``), k
 the same with Hk heads (GQA/MQA); float32, float16 or bfloat16; any batch,
 sequence and head strides, a contiguous last dim. Weights: 1-D contiguous,
@@ -32,7 +32,7 @@ roundings, so a Qwen3 or Gemma 3 attention block gets HF's q and k bit for bit
 (the fp32 sums aside: their order is PyTorch's own; bf16 squares and products
 are exact in fp32). The backward is the exact gradient with
 ``rounding="exact"``; in the model modes it is the gradient autograd forms for
-HF's modules, op by op in their dtypes (``qknorm_reference.model_backward``).
+HF's modules, op by op in their dtypes (``cuprope.qknorm.reference.model_backward``).
 
 PyTorch (``cuprope.torch_guard``), with grad mode on: a forward whose q, k or
 weights require grad goes through ``cuprope.torch.rope_qk_norm``
@@ -46,22 +46,12 @@ RuntimeError. Under ``torch.compile`` the forward is the custom op
 """
 from __future__ import annotations
 
-import numpy as np
-
-from . import qknorm_reference as qref
-from . import reference
-from ._core import engine, fastpath, host, launcher, qknorm_launch, validate
-from ._core.arrays import describe, empty_like, overlaps, wrap_like
-from ._core.launch import sm_count
-from ._core.layout import canon_sizes, to_canon
-from .config import RopeConfig
-from .torch_guard import engaged
+from .._core import validate
+from ..torch_guard import engaged
+from .call import QkNormCall, backward_call, forward_call
 
 __all__ = ["rope_qk_norm_forward", "rope_qk_norm_backward", "QkNormCall"]
 
-NORMS = ("rms", "l2")
-ORDERS = ("norm_then_rope", "rope_then_norm")
-NORM_OVER = ("head", "token")
 
 
 def rope_qk_norm_forward(q, k, config, *, q_weight=None, k_weight=None, eps=1e-6, norm="rms",
@@ -78,86 +68,11 @@ def rope_qk_norm_forward(q, k, config, *, q_weight=None, k_weight=None, eps=1e-6
               tables=tables, positions=positions, offset=offset, seq_offsets=seq_offsets)
     if (engaged(q, k, out) or engaged(q_weight, k_weight)
             or (isinstance(tables, (tuple, list)) and len(tables) == 2 and engaged(*tables))):
-        from .torch_route import qknorm_forward
-        return qknorm_forward("rope_qk_norm_forward", q, k, config, kw, validate.pair(out),
-                              inplace, stream,
-                              lambda: _forward(q, k, config, out, inplace, stream, **kw))
-    return _forward(q, k, config, out, inplace, stream, **kw)
-
-
-def _forward(q, k, config, out, inplace, stream, *, q_weight, k_weight, eps, norm,
-             weight_offset, order, norm_over, rounding, tables, positions, offset, seq_offsets):
-    # tables exclude positions, seq_offsets and an offset (the key covers only the tables)
-    fast = (out is None and stream is None and isinstance(config, RopeConfig)
-            and (tables is None or (isinstance(tables, (tuple, list)) and len(tables) == 2
-                                    and positions is None and seq_offsets is None
-                                    and type(offset) is int and offset == 0)))
-    tkt = None
-    if fast:
-        header, arrays = fast_signature(q, k, q_weight, k_weight, eps, norm, weight_offset,
-                                        order, norm_over, rounding, tables, positions,
-                                        seq_offsets, inplace)
-        if config._launches.fast:
-            res = _fast_forward(config, header, arrays, offset, inplace)
-            if res is not None:
-                return res
-    c = QkNormCall.of(q, k, None, None, config, q_weight, k_weight, eps, norm, weight_offset,
-                      order, norm_over, rounding, tables, positions, offset, seq_offsets)
-    out_infos = validate.output_infos(c.infos, ("q", "k"), validate.pair(out), inplace)
-    c.check_outputs(out_infos)
-    if all(i.size == 0 for i in c.infos):
-        return engine.empty_result(c.infos, out_infos)
-    if c.device < 0:
-        return c.host_forward(out_infos)
-    if fast:
-        tkt = fastpath.ticket(fastpath.fast_adapter(c.infos[0].kind), header, arrays,
-                              _INPLACE_PAIRS if inplace else ())
-    return c.gpu(out_infos, stream, backward=False, ticket=tkt)[:2]
-
-
-# The arrays a fast-path key covers: q, k, the weights, positions and
-# seq_offsets (or cos and sin); in place, q and k are written while all of
-# them are read (the general path checks those overlaps).
-_INPLACE_PAIRS = tuple((i, j) for i in (0, 1) for j in range(i + 1, 6))
-
-
-def fast_signature(q, k, q_weight, k_weight, eps, norm, weight_offset, order, norm_over,
-                   rounding, tables, positions, seq_offsets, inplace):
-    """(header, arrays) of a forward's fast-path key: the settings (types too,
-    so True never passes for 1) and the arrays it covers."""
-    header = ("qkn", fastpath.get_ident(), type(eps), eps, norm, type(weight_offset),
-              weight_offset, order, norm_over, rounding, tables is None, bool(inplace))
-    return header, (q, k, q_weight, k_weight) + (
-        (positions, seq_offsets) if tables is None else tuple(tables))
-
-
-def _fast_forward(config, header, arrays, offset, inplace):
-    """(q_out, k_out) of a forward whose launch was registered before, or None."""
-    if type(offset) is not int or not -validate.MAX_POSITION <= offset <= validate.MAX_POSITION:
-        return None
-    fw = fastpath.adapter_of(arrays[0])
-    if fw is None:
-        return None
-    tkt = fastpath.ticket(fw, header, arrays)
-    if tkt is None:
-        return None
-    try:
-        plan = fastpath.lookup(config._launches.fast, tkt[0], tkt[1], fw[4])
-    except TypeError:  # an unhashable setting: the general path says what is wrong
-        return None
-    if plan is None:
-        return None
-    p = tkt[1]
-    if inplace:
-        res = arrays[:2]
-        o0, o1 = p[0], p[1]
-    else:
-        res = (fw[2](arrays[0]), fw[2](arrays[1]))
-        o0, o1 = fw[1](res[0]), fw[1](res[1])
-        if (o0 | o1) % plan.align:
-            return None
-    plan.run(fw[3](plan.device), p[0], p[1], o0, o1, p[2], p[3], p[4], p[5], offset)
-    return res
+        from .torch import route_forward
+        return route_forward("rope_qk_norm_forward", q, k, config, kw, validate.pair(out),
+                             inplace, stream,
+                             lambda: forward_call(q, k, config, out, inplace, stream, **kw))
+    return forward_call(q, k, config, out, inplace, stream, **kw)
 
 
 def rope_qk_norm_backward(q, k, grad_q, grad_k, config, *, q_weight=None, k_weight=None,
@@ -173,257 +88,9 @@ def rope_qk_norm_backward(q, k, grad_q, grad_k, config, *, q_weight=None, k_weig
               weight_offset=weight_offset, order=order, norm_over=norm_over, rounding=rounding,
               tables=tables, positions=positions, offset=offset, seq_offsets=seq_offsets)
     if engaged(q, k, out) or engaged(grad_q, grad_k):
-        from .torch_route import qknorm_backward
-        return qknorm_backward("rope_qk_norm_backward", q, k, grad_q, grad_k, config, kw,
-                               validate.pair(out), stream,
-                               lambda: _backward(q, k, grad_q, grad_k, config, out, stream, **kw))
-    return _backward(q, k, grad_q, grad_k, config, out, stream, **kw)
-
-
-def _backward(q, k, grad_q, grad_k, config, out, stream, *, q_weight, k_weight, eps, norm,
-              weight_offset, order, norm_over, rounding, tables, positions, offset, seq_offsets):
-    c = QkNormCall.of(q, k, grad_q, grad_k, config, q_weight, k_weight, eps, norm,
-                      weight_offset, order, norm_over, rounding, tables, positions, offset,
-                      seq_offsets)
-    out_infos = validate.output_infos(c.ginfos, ("grad_q", "grad_k"), validate.pair(out), False,
-                                      any_input=True)
-    c.check_outputs(out_infos, c.infos)
-    if all(i.size == 0 for i in c.infos):
-        dq, dk = engine.empty_result(c.ginfos, out_infos)
-        return (dq, dk) + c.zero_weight_grads()
-    if c.device < 0:
-        return c.host_backward(out_infos)
-    return c.gpu(out_infos, stream, backward=True)
-
-
-def _choice(value, name, allowed):
-    if value not in allowed:
-        raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
-
-
-def _maybe(obj, name):
-    return None if obj is None else describe(obj, name)
-
-
-class QkNormCall:
-    """One validated call: the tensors' infos (``cuprope._core.arrays.ArrayInfo``,
-    or anything with its fields, such as the JAX lowering's avals) and the
-    norm's settings. ``QkNormCall.of`` describes arrays first; the
-    constructor takes infos: q, k, grad_q, grad_k (None forward), the weights
-    (None where absent), ``tables`` a (cos, sin) pair of infos or None, and
-    the positions and seq_offsets infos or None."""
-
-    @classmethod
-    def of(cls, q, k, gq, gk, config, q_weight, k_weight, eps, norm, weight_offset, order,
-           norm_over, rounding, tables, positions, offset, seq_offsets):
-        """The call on arrays of any supported framework."""
-        if tables is not None and (not isinstance(tables, (tuple, list)) or len(tables) != 2):
-            raise TypeError("tables must be a (cos, sin) pair")
-        return cls(describe(q, "q"), describe(k, "k"), _maybe(gq, "grad_q"),
-                   _maybe(gk, "grad_k"), config, _maybe(q_weight, "q_weight"),
-                   _maybe(k_weight, "k_weight"), eps, norm, weight_offset, order, norm_over,
-                   rounding, None if tables is None else (describe(tables[0], "cos"),
-                                                          describe(tables[1], "sin")),
-                   _maybe(positions, "positions"), offset, _maybe(seq_offsets, "seq_offsets"))
-
-    def __init__(self, q, k, gq, gk, config, q_weight, k_weight, eps, norm, weight_offset,
-                 order, norm_over, rounding, tables, positions, offset, seq_offsets):
-        if not isinstance(config, RopeConfig):
-            raise TypeError(f"config must be a cuprope.RopeConfig, got {type(config).__name__}")
-        for value, name, allowed in ((norm, "norm", NORMS), (order, "order", ORDERS),
-                                     (norm_over, "norm_over", NORM_OVER),
-                                     (rounding, "rounding", qref.ROUNDINGS)):
-            _choice(value, name, allowed)
-        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps >= 0:
-            raise ValueError(f"eps must be a non-negative float, got {eps!r}")
-        if isinstance(weight_offset, bool) or not isinstance(weight_offset, (int, float)):
-            raise TypeError(f"weight_offset must be a float, got {type(weight_offset).__name__}")
-        if norm == "l2" and (q_weight is not None or k_weight is not None):
-            raise ValueError("norm='l2' takes no weight (Llama 4's L2 norm): q_weight and "
-                             "k_weight must be None")
-        self.config, self.layout = config, config.layout
-        self.eps, self.weight_offset = float(eps), float(weight_offset)
-        self.order, self.over, self.rounding = order, norm_over, rounding
-        self.offset = validate.as_offset(offset)
-        head_rows = config.inv_freq.shape[0] if config.per_head else None
-        self.infos = [q, k]
-        self.b, self.s, self.d = validate.check_rotated(self.infos, ("q", "k"), self.layout,
-                                                        config.rotary_dim, head_rows)
-        self.device, self.dtype = self.infos[0].device, self.infos[0].dtype
-        self.ginfos = None
-        if gq is not None:
-            self.ginfos = [gq, gk]
-            for g, x, n in zip(self.ginfos, self.infos, ("grad_q", "grad_k")):
-                validate.check_like(g, x, n)
-        self.winfos = [self._weight(w, n, x) for w, n, x in
-                       ((q_weight, "q_weight", self.infos[0]), (k_weight, "k_weight",
-                                                                self.infos[1]))]
-        self.tables = self._tables(tables, positions, seq_offsets)
-        self.pos_info, self.seq_info = (None, None) if self.tables else (positions, seq_offsets)
-        if not self.tables:
-            validate.check_indices(config, self.device, self.b, self.s, positions, seq_offsets,
-                                   q.shape)
-
-    def _weight(self, info, name, x):
-        if info is None:
-            return None
-        validate.check_float(info, name)
-        h = canon_sizes(x.shape, self.layout)[2]
-        want = self.d if self.over == "head" else h * self.d
-        if tuple(info.shape) != (want,):
-            raise ValueError(f"{name} must have shape ({want},) for norm_over={self.over!r}, "
-                             f"got {tuple(info.shape)}")
-        validate.check_last_dim(info, name, "the weight")
-        if info.kind != x.kind or info.device != x.device:
-            raise ValueError(f"{name} must be a {x.kind} array on the device of q and k")
-        if self.rounding == "cast_then_weight" and info.dtype != x.dtype:
-            raise TypeError(f"{name}: rounding='cast_then_weight' multiplies in the tensors' "
-                            f"dtype ({x.dtype}), got a {info.dtype} weight")
-        return info
-
-    def _tables(self, tables, positions, seq_offsets):
-        """(cos info, sin info, (batch stride, seq stride)) or None."""
-        if tables is None:
-            return None
-        if self.rounding == "exact" or self.order != "norm_then_rope":
-            raise ValueError("tables=(cos, sin) reproduce HF's rotation: they take "
-                             "order='norm_then_rope' and a model rounding")
-        if positions is not None or seq_offsets is not None or self.offset:
-            raise ValueError("tables=(cos, sin) give the angles: positions, offset and "
-                             "seq_offsets must be left out")
-        cinfo, sinfo = tables
-        validate.check_float(cinfo, "cos")
-        if validate.table_rotary_dim(cinfo) != self.config.rotary_dim:
-            raise ValueError(f"the tables' last dim ({cinfo.shape[-1]}) must be config's "
-                             f"rotary_dim ({self.config.rotary_dim})")
-        strides = validate.check_tables(cinfo, sinfo, self.infos[0], self.b, self.s, self.layout)
-        return cinfo, sinfo, strides
-
-    def check_outputs(self, out_infos, read=()):
-        """No output overlaps a weight, a table or an array in ``read`` (the
-        backward's saved q, k)."""
-        for o in out_infos or ():
-            for t, name in [(w, "a weight") for w in self.winfos if w is not None] + (
-                    [(self.tables[0], "cos"), (self.tables[1], "sin")] if self.tables else []) + [
-                    (x, "q or k") for x in read]:
-                if overlaps(o, t):
-                    raise ValueError(f"an output overlaps {name}")
-
-    def zero_weight_grads(self):
-        out = []
-        for w in self.winfos:
-            if w is None:
-                out.append(None)
-                continue
-            z = empty_like(w)
-            z[...] = 0
-            out.append(wrap_like(w, z))
-        return tuple(out)
-
-    # ------------------------------------------------------------ host (NumPy)
-    def _host_settings(self):
-        cfg = self.config
-        kw = dict(rotary_dim=cfg.rotary_dim, interleaved=cfg.interleaved, eps=self.eps,
-                  weight_offset=self.weight_offset, over=self.over, order=self.order)
-        if self.tables:
-            def table(info):
-                t = host.to_numpy(info).astype(np.float64)
-                return (t[None] if t.ndim == 2 else t)[:, :, None, :]
-            kw["angles"] = (table(self.tables[0]), table(self.tables[1]))
-        else:
-            given = {k: host.to_numpy(v) for k, v in (("positions", self.pos_info),
-                                                       ("seq_offsets", self.seq_info)) if v}
-            for name, idx in given.items():
-                validate.check_positions(idx.astype(np.int64), name)
-            pos = reference.token_positions(self.b, self.s, offset=self.offset,
-                                            n_streams=cfg.n_streams, **given)
-            validate.check_positions(pos)
-            kw["angles"] = reference.pair_angles(pos, cfg.inv_freq, cfg.stream_map)
-            kw["scale"] = cfg.scale
-        return kw
-
-    def _host_weight(self, i):
-        w = self.winfos[i]
-        return None if w is None else host.to_numpy(w).astype(np.float64)
-
-    def _model_kw(self, kw):
-        """The model emulation's keywords: HF's tables travel as ``tables``."""
-        if not self.tables:
-            return kw
-        return {**{k: v for k, v in kw.items() if k != "angles"}, "tables": kw["angles"]}
-
-    def host_forward(self, out_infos):
-        """NumPy backend: the float64 reference rounded once, or the model
-        modes' emulation of PyTorch's CPU roundings."""
-        kw = self._host_settings()
-        results = []
-        for i, info in enumerate(self.infos):
-            x = to_canon(host.to_numpy(info), self.layout)
-            w = self._host_weight(i)
-            results.append(qref.forward(x, weight=w, **kw) if self.rounding == "exact" else
-                           qref.model_forward(x, x.dtype, rounding=self.rounding, weight=w,
-                                              **self._model_kw(kw)))
-        return host.finish(self.infos, out_infos, results, self.layout)
-
-    def host_backward(self, out_infos, dw_dtype=None):
-        """NumPy backend of the backward; the weight gradients rounded to
-        ``dw_dtype`` (default: the weights' dtype)."""
-        kw = self._host_settings()
-        dxs, dws = [], []
-        for i, (info, ginfo) in enumerate(zip(self.infos, self.ginfos)):
-            x = to_canon(host.to_numpy(info), self.layout)
-            g = to_canon(host.to_numpy(ginfo), self.layout)
-            w = self._host_weight(i)
-            dx, dw = (qref.backward(x, g, weight=w, **kw) if self.rounding == "exact" else
-                      qref.model_backward(x, g, x.dtype, rounding=self.rounding, weight=w,
-                                          **self._model_kw(kw)))
-            dxs.append(dx)
-            w = self.winfos[i]
-            dws.append(None if dw is None else host.from_numpy(
-                w, reference.round_to_dtype(dw, dw_dtype or host.to_numpy(w).dtype)))
-        return host.finish(self.ginfos, out_infos, dxs, self.layout) + tuple(dws)
-
-    # ------------------------------------------------------------ GPU
-    def gpu(self, out_infos, stream, backward, ticket=None):
-        """Launch qknorm_rows_kernel (the fast path) or qknorm_kernel, and,
-        backward with weights, the weight gradients' reduction, through the
-        launcher (``cuprope._core.qknorm_launch`` states the launches);
-        register the kernel's plan for the fast path under ``ticket``."""
-        ql = qknorm_launch
-        ins = self.ginfos if backward else self.infos
-        stream_ptr = engine.stream_handle(stream, self.infos[0])
-        _, out_infos = engine.outputs(ins, out_infos)
-        geo = ql.geometry(self, ins, out_infos, backward, sm_count(self.device))
-        part = ql.workspace(self.device, stream_ptr, geo.part_rows * geo.part_cols) if (
-            geo.part_cols) else None
-        part_ptr = 0 if part is None else part.data.ptr
-        inv_freq, smap = self.config.device_tables(self.device)
-        plan = launcher.plan(ql.spec(self, ins, out_infos, geo, inv_freq_ptr=inv_freq.data.ptr,
-                                     stream_map_ptr=0 if smap is None else smap.data.ptr,
-                                     part_ptr=part_ptr), self.device)
-        idx = ((self.tables[0].ptr, self.tables[1].ptr) if self.tables else
-               tuple(0 if i is None else i.ptr for i in (self.pos_info, self.seq_info)))
-        values = (ins[0].ptr, ins[1].ptr, out_infos[0].ptr, out_infos[1].ptr,
-                  *(0 if w is None else w.ptr for w in self.winfos), *idx, self.offset,
-                  self.infos[0].ptr, self.infos[1].ptr, part_ptr)
-        launcher.on_device(self.device, plan.run, stream_ptr, *values)
-        if ticket is not None:
-            spans = [fastpath.span(i) for i in (*self.infos, *self.winfos)] + (
-                [fastpath.span(t) for t in self.tables[:2]] if self.tables else
-                [fastpath.span(self.pos_info), fastpath.span(self.seq_info)])
-            fastpath.remember(self.config._launches.fast, ticket, spans, plan)
-        dws = self._reduce(part_ptr, geo, stream_ptr) if backward else [None, None]
-        outs = engine.hand_back(ins, out_infos, stream_ptr)
-        return outs + tuple(dws)
-
-    def _reduce(self, part_ptr, geo, stream_ptr):
-        dws = [None, None]
-        outs = [None if w is None else empty_like(w) for w in self.winfos]
-        ptrs = [0 if o is None else describe(o, "dw").ptr for o in outs]
-        for i, spec in qknorm_launch.dw_specs(self, geo, part_ptr=part_ptr, out_ptrs=ptrs):
-            launcher.on_device(self.device, launcher.plan(spec, self.device).run, stream_ptr)
-            dws[i] = wrap_like(self.winfos[i], outs[i])
-        if self.infos[0].kind == "jax":
-            import cupy
-            cupy.cuda.runtime.streamSynchronize(stream_ptr)
-        return dws
+        from .torch import route_backward
+        return route_backward("rope_qk_norm_backward", q, k, grad_q, grad_k, config, kw,
+                              validate.pair(out), stream,
+                              lambda: backward_call(q, k, grad_q, grad_k, config, out, stream,
+                                                    **kw))
+    return backward_call(q, k, grad_q, grad_k, config, out, stream, **kw)

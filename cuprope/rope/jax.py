@@ -40,13 +40,14 @@ import numpy as np
 from jax.extend.core import Primitive
 from jax.interpreters import batching, mlir
 
-from . import api, lrpe, tables
-from ._core import jax_sharding, xla
-from ._core.jax_common import (NOT_MAPPED, batch_size_and_front, host_lowering, map_each,
+from . import api, tables
+from ..lrpe import api as lrpe
+from .._core import jax_sharding, xla
+from .._core.jax_common import (NOT_MAPPED, batch_size_and_front, host_lowering, map_each,
                                 static_offset, zero_cotangent)
-from .config import RopeConfig, config_by_key
+from ..config import RopeConfig, config_by_key
 
-__all__ = ["rope", "rope_qk", "rope_table", "rope_qk_table", "rotate_1d", "rope_qk_norm"]
+__all__ = ["rope", "rope_qk", "rope_table", "rope_qk_table", "rotate_1d"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -244,6 +245,3 @@ def rotate_1d(x, theta, *, offset: int = 0, act: str = "none", dim=None):
                 theta=(theta2.shape[0], theta2.tobytes()), act=act,
                 dim=None if dim is None else int(dim))
     return _apply(call, (x,), ())[0]
-
-
-from .jax_qknorm import rope_qk_norm  # noqa: E402  (the fused QK-norm + RoPE, its own module)

@@ -1,6 +1,7 @@
-"""PyTorch adapter: autograd and torch.compile over cuprope's explicit
-forward/backward. The core (``cuprope.api``) stays free of framework code; this
-module is imported only by users who want it.
+"""PyTorch adapter of the core op (``cuprope.rope``): autograd and
+torch.compile over cuprope's explicit forward/backward, re-exported by the
+public :mod:`cuprope.torch` (with the other ops' adapters). The core
+(``cuprope.rope.api``) stays free of framework code.
 
 * ``rope_qk(q, k, config, ...)`` / ``rope(x, config, ...)`` — differentiable.
   In eager mode they run an ``autograd.Function`` (lowest overhead); under
@@ -11,12 +12,6 @@ module is imported only by users who want it.
 * CUDA graphs: warm up once per (config, device) before capture, so the
   frequency table is already on the device; calls then allocate only outputs
   through torch's (graph-aware) allocator.
-* ``rotary_embedding(positions, query, key, head_size, cos_sin_cache,
-  is_neox=True)`` — vLLM's op of that name (in place, returns None), over
-  ``cuprope.cos_sin_cache``: an engine switches by one line.
-* ``rope_qk_norm(q, k, config, *, q_weight=None, k_weight=None, ...)`` — the
-  fused QK-norm + RoPE (``cuprope.qknorm``), differentiable in q, k and the
-  weights, with its custom ops (``cuprope/torch_qknorm.py``).
 * ``apply_rotary_pos_emb(q, k, cos, sin, position_ids=None, unsqueeze_dim=1)``
   — a drop-in for Hugging Face's function of that name: it reads the model's
   own cos/sin tensors (``cuprope.tables``) and returns HF's result bit for bit,
@@ -30,9 +25,14 @@ adapter's tests run without a GPU.
 
 The core functions (``cuprope.rope_qk_forward`` and the others) come here by
 themselves for torch tensors that require grad (grad mode on) and under
-``torch.compile`` (``cuprope.torch_guard``): ``rotate`` and ``table_rotate``
-below are the entries they use (the forward or, ``inverse=True``, the
-transposed rotation, both differentiable).
+``torch.compile`` (``cuprope.torch_guard``): they import this module only
+then and call ``route_rope`` / ``route_tables`` (the end of this module),
+whose adapters are ``rotate`` and ``table_rotate`` (the forward or,
+``inverse=True``, the transposed rotation, both differentiable). This module
+does not import those public functions: it runs the same core beneath them
+(``cuprope._core.engine.rope_call``, ``cuprope.rope.table_call``) through
+``_rotation`` / ``_table_rotation``, which repeat their guard, so a gradient
+that itself requires grad (``create_graph=True``) is differentiable again.
 """
 from __future__ import annotations
 
@@ -40,12 +40,14 @@ from typing import Optional
 
 import torch
 
-from . import api, tables
-from .cos_sin_cache import rotary_embedding as _rotary_embedding
-from .config import RopeConfig, config_by_key
+from .. import torch_route
+from .._core.engine import rope_call
+from ..config import RopeConfig, config_by_key
+from ..torch_guard import engaged
+from .table_call import table_call
 
 __all__ = ["rope_qk", "rope", "rotate", "table_rotate", "RopeQKFunction",
-           "apply_rotary_pos_emb", "rotary_embedding", "rope_qk_norm", "RopeQKNormFunction"]
+           "apply_rotary_pos_emb"]
 
 # Custom ops take only tensors and scalars: configs travel as their integer key.
 
@@ -86,18 +88,16 @@ class RopeQKFunction(torch.autograd.Function):
         ctx.inverse, ctx.n_extra = bool(inverse and inverse[0]), len(inverse)
         ctx.save_for_backward(positions, seq_offsets)
         ctx.meta = ((q.shape, q.dtype, q.device), (k.shape, k.dtype, k.device))
-        fn = api.rope_qk_backward if ctx.inverse else api.rope_qk_forward
-        return fn(q.detach(), k.detach(), config, positions=positions, offset=offset,
-                  seq_offsets=seq_offsets)
+        return _rotation((q.detach(), k.detach()), config, ctx.inverse, positions, offset,
+                         seq_offsets)
 
     @staticmethod
     def backward(ctx, gq, gk):
         positions, seq_offsets = ctx.saved_tensors
         gq = _zeros_if_none(gq, ctx.meta[0])
         gk = _zeros_if_none(gk, ctx.meta[1])
-        fn = api.rope_qk_forward if ctx.inverse else api.rope_qk_backward
-        dq, dk = fn(gq, gk, ctx.config, positions=positions, offset=ctx.offset,
-                    seq_offsets=seq_offsets)
+        dq, dk = _rotation((gq, gk), ctx.config, not ctx.inverse, positions, ctx.offset,
+                           seq_offsets)
         return (dq, dk, None, None, None, None) + (None,) * ctx.n_extra
 
 
@@ -106,16 +106,14 @@ class _RopeFunction(torch.autograd.Function):
     def forward(ctx, x, config, positions, offset, seq_offsets, inverse):
         ctx.config, ctx.offset, ctx.inverse = config, offset, inverse
         ctx.save_for_backward(positions, seq_offsets)
-        fn = api.rope_backward if inverse else api.rope_forward
-        return fn(x.detach(), config, positions=positions, offset=offset, seq_offsets=seq_offsets)
+        return _rotation((x.detach(),), config, inverse, positions, offset, seq_offsets)[0]
 
     @staticmethod
     def backward(ctx, g):
         positions, seq_offsets = ctx.saved_tensors
         g = g if g.stride(-1) == 1 else g.contiguous()
-        fn = api.rope_forward if ctx.inverse else api.rope_backward
-        return (fn(g, ctx.config, positions=positions, offset=ctx.offset,
-                   seq_offsets=seq_offsets), None, None, None, None, None)
+        return (_rotation((g,), ctx.config, not ctx.inverse, positions, ctx.offset,
+                          seq_offsets)[0], None, None, None, None, None)
 
 
 # ---------------------------------------------------------------- custom ops
@@ -148,9 +146,7 @@ def _register_qk_autograd(op):
 def _rope_qk_op(q: torch.Tensor, k: torch.Tensor, config_key: int,
                 positions: Optional[torch.Tensor], seq_offsets: Optional[torch.Tensor],
                 offset: int, inverse: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    fn = api.rope_qk_backward if inverse else api.rope_qk_forward
-    return fn(q, k, _config(config_key), positions=positions, offset=offset,
-              seq_offsets=seq_offsets)
+    return _rotation((q, k), _config(config_key), inverse, positions, offset, seq_offsets)
 
 
 @_rope_qk_op.register_fake
@@ -164,8 +160,7 @@ _register_qk_autograd(_rope_qk_op)
 @torch.library.custom_op("cuprope::rope", mutates_args=())
 def _rope_op(x: torch.Tensor, config_key: int, positions: Optional[torch.Tensor],
              seq_offsets: Optional[torch.Tensor], offset: int, inverse: bool) -> torch.Tensor:
-    fn = api.rope_backward if inverse else api.rope_forward
-    return fn(x, _config(config_key), positions=positions, offset=offset, seq_offsets=seq_offsets)
+    return _rotation((x,), _config(config_key), inverse, positions, offset, seq_offsets)[0]
 
 
 @_rope_op.register_fake
@@ -236,17 +231,15 @@ class _TableQKFunction(torch.autograd.Function):
         ctx.save_for_backward(cos, sin)
         ctx.args = (layout, interleaved, inverse)
         ctx.meta = ((q.shape, q.dtype, q.device), (k.shape, k.dtype, k.device))
-        fn = tables.rope_qk_table_backward if inverse else tables.rope_qk_table_forward
-        return fn(q.detach(), k.detach(), cos.detach(), sin.detach(), layout=layout,
-                  interleaved=interleaved)
+        return _table_rotation(q.detach(), k.detach(), cos.detach(), sin.detach(), layout,
+                               interleaved, inverse)
 
     @staticmethod
     def backward(ctx, gq, gk):
         cos, sin = ctx.saved_tensors
         layout, interleaved, inverse = ctx.args
-        fn = tables.rope_qk_table_forward if inverse else tables.rope_qk_table_backward
-        dq, dk = fn(_zeros_if_none(gq, ctx.meta[0]), _zeros_if_none(gk, ctx.meta[1]), cos, sin,
-                    layout=layout, interleaved=interleaved)
+        dq, dk = _table_rotation(_zeros_if_none(gq, ctx.meta[0]), _zeros_if_none(gk, ctx.meta[1]),
+                                 cos, sin, layout, interleaved, not inverse)
         return dq, dk, None, None, None, None, None
 
 
@@ -264,8 +257,7 @@ def table_rotate(q, k, cos, sin, layout: str, interleaved: bool, inverse: bool):
 def _rope_qk_table_op(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                       layout: str, interleaved: bool,
                       inverse: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    fn = tables.rope_qk_table_backward if inverse else tables.rope_qk_table_forward
-    return fn(q, k, cos, sin, layout=layout, interleaved=interleaved)
+    return _table_rotation(q, k, cos, sin, layout, interleaved, inverse)
 
 
 @_rope_qk_table_op.register_fake
@@ -317,36 +309,73 @@ def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, si
     if _compiling():
         return _rope_qk_table_op(q, k, cos, sin, layout, False, False)
     if not (q.requires_grad or k.requires_grad):
-        return tables.rope_qk_table_forward(q, k, cos, sin, layout=layout)
+        return _table_rotation(q, k, cos, sin, layout, False, False)
     return _TableQKFunction.apply(q, k, cos, sin, layout, False, False)
 
 
-@torch.library.custom_op("cuprope::rotary_embedding", mutates_args=("query", "key"))
-def _rotary_embedding_op(positions: torch.Tensor, query: torch.Tensor,
-                         key: Optional[torch.Tensor], head_size: int,
-                         cos_sin_cache: torch.Tensor, is_neox: bool) -> None:
-    _rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox)
+# ---------------------------------------------------------------- the core beneath, and the routes
+
+_ROPE_NAMES = {(1, False): ("rope_forward", ("x",)), (1, True): ("rope_backward", ("grad_out",)),
+               (2, False): ("rope_qk_forward", ("q", "k")),
+               (2, True): ("rope_qk_backward", ("grad_q", "grad_k"))}
 
 
-@_rotary_embedding_op.register_fake
-def _(positions, query, key, head_size, cos_sin_cache, is_neox):
-    return None
+def _rotation(xs, config, inverse, positions, offset, seq_offsets):
+    """``xs`` rotated as ``cuprope.rope.api``'s function of that direction
+    rotates them (new outputs; a tuple like ``xs``): the core call, or, where
+    ``torch_guard.engaged`` says so, ``route_rope`` as that function would."""
+    name, names = _ROPE_NAMES[(len(xs), bool(inverse))]
+
+    def core():
+        return rope_call(xs, names, config, inverse, positions, offset, seq_offsets, None, False,
+                         None)
+    if engaged(xs[0], xs[1] if len(xs) == 2 else None, None):
+        return route_rope(name, xs, config, inverse, positions, offset, seq_offsets, None, False,
+                          None, core)
+    return core()
 
 
-def rotary_embedding(positions: torch.Tensor, query: torch.Tensor, key: Optional[torch.Tensor],
-                     head_size: int, cos_sin_cache: torch.Tensor, is_neox: bool = True) -> None:
-    """vLLM's ``rotary_embedding`` op: rotate ``query`` ``[T, Hq*D]`` (or
-    ``[T, Hq, D]``) and ``key`` (likewise, or None) in place by the rows
-    ``positions`` ``[T]`` of ``cos_sin_cache`` ``[max_position, R]`` (cos
-    half, then sin half; float32 or query's dtype), NeoX pairs (j, j + R/2)
-    or, ``is_neox=False``, GPT-J pairs (2j, 2j + 1). Not differentiable (an
-    inference op). See ``cuprope.cos_sin_cache`` for the semantics. Under
-    ``torch.compile`` it is the custom op ``cuprope::rotary_embedding``
-    (mutating query and key)."""
-    if _compiling():
-        _rotary_embedding_op(positions, query, key, int(head_size), cos_sin_cache, bool(is_neox))
-        return
-    _rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox)
+def _table_rotation(q, k, cos, sin, layout, interleaved, inverse):
+    """(q', k') as ``cuprope.rope.tables.rope_qk_table_forward`` (or, with
+    ``inverse``, ``_backward``) computes them: the core call, or, where the
+    guard says so, ``route_tables`` as that function would."""
+    name = "rope_qk_table_backward" if inverse else "rope_qk_table_forward"
+    names = ("grad_q", "grad_k") if inverse else ("q", "k")
+
+    def core():
+        return table_call((q, k), names, cos, sin, layout, interleaved, inverse, None, False,
+                          None)
+    if engaged(q, k, None) or cos.requires_grad or sin.requires_grad:
+        return route_tables(name, (q, k), cos, sin, layout, interleaved, inverse, None, False,
+                            None, core)
+    return core()
 
 
-from .torch_qknorm import RopeQKNormFunction, rope_qk_norm  # noqa: E402  (re-exported)
+def route_rope(name, xs, config, inverse, positions, offset, seq_offsets, outs, inplace, stream,
+               core):
+    """``cuprope.rope.api``'s four functions on torch tensors the guard
+    stopped: the adapter is ``rotate`` (``cuprope.torch.rope`` / ``rope_qk``,
+    with the inverse rotation for the backward functions, whose own gradient
+    is the forward rotation). Returns a tuple like ``xs``."""
+    targets, kind = torch_route.targets_of(xs, outs, inplace)
+
+    def adapter():
+        return rotate(xs, config, inverse, positions, offset, seq_offsets)
+
+    return torch_route.call(name, xs, targets, kind, core, adapter,
+                            "cuprope.torch.rope_qk(q, k, config, ...)" if len(xs) == 2
+                            else "cuprope.torch.rope(x, config, ...)", stream)
+
+
+def route_tables(name, xs, cos, sin, layout, interleaved, inverse, outs, inplace, stream, core):
+    """``cuprope.tables`` on torch tensors the guard stopped: q and k go to
+    ``table_rotate`` (HF's gradient); a single tensor, or tables that require
+    grad, have no adapter."""
+    targets, kind = torch_route.targets_of(xs, outs, inplace)
+    adapter = None
+    if len(xs) == 2 and not (torch_route.requires_grad(cos) or torch_route.requires_grad(sin)):
+        def adapter():
+            return table_rotate(xs[0], xs[1], cos, sin, layout, interleaved, inverse)
+    return torch_route.call(name, xs + (cos, sin), targets, kind, core, adapter,
+                            "cuprope.torch.apply_rotary_pos_emb(q, k, cos, sin) (differentiable "
+                            "in q, k, and in cos/sin through HF's formula)", stream)

@@ -35,8 +35,9 @@ Multimodal (positions gain a leading stream axis, ``[n_streams, S]`` or
   θ = base^(−2k/(D/2)), k = j mod D/4.
 
 :func:`rope_config_from_hf`, :func:`hf_table` and :func:`hf_rope_parameters`
-read a model's ``config.json``; they live in :mod:`cuprope.hf_config` and are
-re-exported here.
+read a model's ``config.json``; they live in :mod:`cuprope.schemes.hf_config`
+(which builds on the tables here), and the public :mod:`cuprope.scaling`
+exports both modules' names.
 """
 from __future__ import annotations
 
@@ -44,8 +45,8 @@ import math
 
 import numpy as np
 
-from ._core.checks import as_float, as_int
-from .config import RopeConfig
+from .._core.checks import as_float, as_int
+from ..config import RopeConfig
 
 __all__ = [
     "ROPE_TYPES",
@@ -57,9 +58,6 @@ __all__ = [
     "longrope_table",
     "llama3_table",
     "proportional_table",
-    "hf_rope_parameters",
-    "hf_table",
-    "rope_config_from_hf",
     "mrope_stream_map",
     "interleaved_mrope_stream_map",
     "mrope_config",
@@ -70,7 +68,7 @@ __all__ = [
 
 ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "longrope", "llama3", "proportional")
 # legacy / model-specific names HF maps onto the schemes above
-_ALIASES = {"mrope": "default", "su": "longrope"}
+ROPE_TYPE_ALIASES = {"mrope": "default", "su": "longrope"}
 
 
 # --------------------------------------------------------------------------- checks
@@ -362,15 +360,3 @@ def vision2d_config(head_dim: int, *, base: float = 10000.0, scale: float = 1.0,
     inv, smap = vision2d_tables(head_dim, base)
     return RopeConfig(int(head_dim), inv_freq=inv, scale=scale, layout=layout,
                       interleaved=interleaved, stream_map=smap)
-
-
-_HF_NAMES = ("hf_rope_parameters", "hf_table", "rope_config_from_hf")
-
-
-def __getattr__(name):
-    """``scaling.rope_config_from_hf`` & co. come from :mod:`cuprope.hf_config`
-    (imported on first use: that module imports the tables above)."""
-    if name in _HF_NAMES:
-        from . import hf_config
-        return getattr(hf_config, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,20 @@
+"""PyTorch adapters, the public framework module: every op's autograd and
+``torch.compile`` adapter, gathered from the op's own package.
+
+* ``rope_qk(q, k, config, ...)`` / ``rope(x, config, ...)``,
+  ``apply_rotary_pos_emb(q, k, cos, sin, ...)`` (HF's drop-in), ``rotate``,
+  ``table_rotate``, ``RopeQKFunction``: :mod:`cuprope.rope.torch`;
+* ``rope_qk_norm(q, k, config, ...)`` / ``RopeQKNormFunction``, the fused
+  QK-norm + RoPE: :mod:`cuprope.qknorm.torch`;
+* ``rotary_embedding(positions, query, key, head_size, cos_sin_cache,
+  is_neox=True)``, vLLM's in-place op: :mod:`cuprope.kvcache.torch`.
+
+Each docstring there gives shapes, gradients and the custom ops.
+"""
+from .kvcache.torch import rotary_embedding
+from .qknorm.torch import RopeQKNormFunction, rope_qk_norm
+from .rope.torch import (RopeQKFunction, apply_rotary_pos_emb, rope, rope_qk, rotate,
+                         table_rotate)
+
+__all__ = ["rope_qk", "rope", "rotate", "table_rotate", "RopeQKFunction",
+           "apply_rotary_pos_emb", "rotary_embedding", "rope_qk_norm", "RopeQKNormFunction"]
