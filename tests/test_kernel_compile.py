@@ -153,7 +153,7 @@ def test_tuning_override_reaches_kernels_and_host():
     the host's values alike (a fresh process: both are read at import)."""
     import subprocess
     import sys
-    code = ("from cuprope._core import launch, loader, qknorm_launch as ql; "
+    code = ("from cuprope._core import launch, loader; from cuprope.qknorm import launch as ql; "
             "o = loader.compile_options(); "
             "print('-DCUPROPE_STAGES16=2' in o, '-DCUPROPE_RUN32=8' in o, '-DCUPROPE_X' in o, "
             "'-DCUPROPE_QKNORM_WARPS=4' in o, launch.STAGES[2], launch.RUNS[4], ql.WARPS, "

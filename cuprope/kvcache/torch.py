@@ -61,9 +61,9 @@ def _in_place(positions, query, key, head_size, cos_sin_cache, is_neox):
 
 def route_rotation(positions, query, key, head_size, cos_sin_cache, is_neox, stream, core):
     """``cuprope.cos_sin_cache.rotary_embedding`` on torch tensors the guard
-    stopped (in place, an inference op):
-    under torch.compile, without autograd, the custom op
-    ``cuprope::rotary_embedding``; otherwise as ``inference_op``."""
+    stopped (in place, an inference op): under torch.compile, without
+    autograd, the custom op ``cuprope::rotary_embedding``; otherwise as
+    ``torch_route.inference_op``."""
     written = (query,) if key is None else (query, key)
     grad = torch.is_grad_enabled() and any(torch_route.requires_grad(t) for t in written)
     if torch.compiler.is_compiling() and stream is None and not grad:

@@ -183,9 +183,8 @@ def route_forward(name, q, k, config, kw, outs, inplace, stream, core):
 
 def route_backward(name, q, k, grad_q, grad_k, config, kw, outs, stream, core):
     """``cuprope.qknorm.rope_qk_norm_backward`` on torch tensors the guard
-    stopped: not differentiable itself
-    (TypeError under autograd); under torch.compile the custom op
-    ``cuprope::rope_qk_norm_backward``."""
+    stopped: not differentiable itself (TypeError under autograd); under
+    torch.compile the custom op ``cuprope::rope_qk_norm_backward``."""
     targets, kind = torch_route.targets_of((grad_q, grad_k), outs, False)
     tensors = (q, k, grad_q, grad_k, kw.get("q_weight"), kw.get("k_weight"),
                *(kw.get("tables") or ()))
