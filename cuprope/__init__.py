@@ -8,7 +8,7 @@ Quick use::
     dq, dk = cuprope.rope_qk_backward(gq, gk, cfg)
 """
 from . import ggml, scaling
-from .api import rope_backward, rope_forward, rope_qk_backward, rope_qk_forward
+from .rope.api import rope_backward, rope_forward, rope_qk_backward, rope_qk_forward
 from .config import LAYOUTS, RopeConfig
 from .reference import default_inv_freq
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .bench import HELP as BENCH_HELP
+from .bench_short import HELP as BENCH_HELP
 from .check import DTYPES, MAX_HEAD_DIM, head_dim_arg
 
 BENCH_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
@@ -110,9 +110,9 @@ def main(argv=None) -> int:
         print(report())
         return 0
     if args.suite is not None:
-        from .bench import run_suite
+        from .bench_short import run_suite
         return run_suite(args.suite)
-    from .bench import main_short
+    from .bench_short import main_short
     return main_short(dtype=BENCH_DTYPES.get(args.dtype), reps=args.reps, peers=not args.no_peers,
                       decode=not args.no_decode)
 

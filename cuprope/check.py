@@ -9,7 +9,7 @@ import time
 import numpy as np
 
 from . import reference
-from .api import rope_backward, rope_forward, rope_qk_forward
+from .rope.api import rope_backward, rope_forward, rope_qk_forward
 from .config import LAYOUTS, RopeConfig
 
 DTYPES = ("float32", "float16", "bfloat16")

@@ -6,12 +6,32 @@ import weakref
 
 import numpy as np
 
-from ._core.launcher import LaunchCache
-from ._core.layout import LAYOUTS
 from .reference import default_inv_freq
+
+# The public layouts of q, k and x (``RopeConfig.layout``); cuprope._core.layout
+# gives each in canonical [B, S, H, D] terms.
+LAYOUTS = ("bshd", "bhsd", "thd")
 
 _KEYS = itertools.count(1)
 _REGISTRY: "weakref.WeakValueDictionary[int, RopeConfig]" = weakref.WeakValueDictionary()
+
+
+class LaunchCache:
+    """The typed launch caches of one owner (a RopeConfig, a table source, a
+    module's calls), filled by ``cuprope._core``: ``plans`` maps a
+    general-path call signature to its Plan (``launcher.cached_plan``);
+    ``fast`` maps a fast-path key to its ``fastpath.Entry`` (whose variants
+    are Plans)."""
+
+    __slots__ = ("plans", "fast")
+
+    def __init__(self):
+        self.plans: dict = {}
+        self.fast: dict = {}
+
+    def clear(self):
+        self.plans.clear()
+        self.fast.clear()
 
 
 def config_by_key(key: int) -> "RopeConfig":
@@ -99,8 +119,8 @@ class RopeConfig:
         self.n_streams = n_streams
         self._device_tables = {}
         self.angle_rows = 0      # cache_angles: positions with a float32 cos/sin table
-        self.angle_tables = {}  # device -> that table (cuprope._core.kvlaunch.angle_table)
-        self._launches = LaunchCache()  # plans and fast-path entries (cuprope/_core/launcher.py)
+        self.angle_tables = {}  # device -> that table (cuprope.kvcache.launch.angle_table)
+        self._launches = LaunchCache()  # plans and fast-path entries (cuprope._core fills them)
         self.key = next(_KEYS)  # stable integer handle (custom ops pass configs by key)
         _REGISTRY[self.key] = self
 

@@ -52,7 +52,7 @@ import numpy as np
 from ._core.arrays import describe
 from ._core.cache import ConfigCache
 from ._core.checks import as_float, as_int
-from .api import rope_backward, rope_forward
+from .rope.api import rope_backward, rope_forward
 from .config import RopeConfig, host_array
 from .torch_guard import engaged
 

@@ -1,6 +1,6 @@
 """The core functions' guard for torch tensors: autograd and torch.compile.
 
-The core (``cuprope.api``, ``cuprope.tables``, ``cuprope.qknorm``,
+The core (``cuprope.rope.api``, ``cuprope.tables``, ``cuprope.qknorm``,
 ``cuprope.lrpe``, ``cuprope.ggml``) launches kernels that autograd does not
 see, and reads pointers and host values that a ``torch.compile`` trace does
 not have. So a core call on torch tensors does not run the core as is when
@@ -20,15 +20,18 @@ Under ``torch.no_grad()`` / ``torch.inference_mode()`` nothing changes.
 
 ``engaged`` is the per-call test: one ``requires_grad`` read per tensor (and,
 for torch tensors, one call asking whether dynamo is tracing); NumPy, CuPy and
-JAX arrays answer False at the first read. Everything else lives in
-``cuprope.torch_route``, imported only when ``engaged`` answers True.
+JAX arrays answer False at the first read. Everything else is imported only
+when ``engaged`` answers True: the op's own adapter module (``route_*`` in
+``cuprope.rope.torch``, ``cuprope.qknorm.torch``, ``cuprope.kvcache.torch``)
+and the decision they share, ``cuprope.torch_route.call``; the front ends
+with no adapter go to ``cuprope.torch_route`` directly.
 """
 from __future__ import annotations
 
 
 def engaged(a, b=None, out=None) -> bool:
     """True when a call on ``a`` (and ``b``; ``out`` a tensor, a pair or None)
-    must go through ``cuprope.torch_route``: ``a`` is a torch tensor and a
+    must go through its route (the module docstring): ``a`` is a torch tensor and a
     tensor requires grad, or ``out`` is given, or dynamo is tracing."""
     rg = getattr(a, "requires_grad", None)
     if rg is None:

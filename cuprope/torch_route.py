@@ -1,30 +1,32 @@
 """Where a core call on torch tensors goes when ``cuprope.torch_guard.engaged``
 says it cannot run the core as is (that module's docstring gives the rules).
 
-``call`` decides for every front end; the functions after it build its
-arguments for one family each (core RoPE, cos/sin tables, fused QK-norm, and
-the calls with no adapter). Imported only once a torch tensor needs it.
+``call`` decides for every front end, from what the front end hands it: the
+core call as is, and the op's differentiable twin (its adapter) or None. It
+imports no op: each op's torch adapter module builds ``call``'s arguments for
+its own functions (``cuprope.rope.torch.route_rope`` / ``route_tables``,
+``cuprope.qknorm.torch.route_forward`` / ``route_backward``,
+``cuprope.kvcache.torch.route_rotation``), and the op's public function
+imports that module only once a torch tensor needs it. The front ends with
+no adapter use ``no_adapter``, ``untraceable`` and ``inference_op`` below.
 """
 from __future__ import annotations
 
 import torch
 
-from . import torch as ctorch
-from .torch_qknorm import rope_qk_norm as _qknorm_adapter
-from .torch_qknorm import rope_qk_norm_backward_op
 
 LEAF = "a leaf Variable that requires grad is being used in an in-place operation."
 VIEW = "a view of a leaf Variable that requires grad is being used in an in-place operation."
 
 
-def _requires_grad(t) -> bool:
+def requires_grad(t) -> bool:
     return bool(getattr(t, "requires_grad", False))
 
 
 def _check_target(t, name):
     """RuntimeError, as torch's own in-place ops raise, when ``t`` (written by
     the call) is a leaf that requires grad or a view of one."""
-    if not _requires_grad(t):
+    if not requires_grad(t):
         return
     if t.is_leaf:
         raise RuntimeError(f"{name}(): {LEAF} Update a parameter under torch.no_grad(), or "
@@ -45,8 +47,8 @@ def call(name, tensors, targets, target_kind, core, adapter, instead, stream=Non
     op under torch.compile) as new tensors, a tensor or a tuple, or None where
     none exists; instead: what the TypeError tells the user to call."""
     tracing = torch.compiler.is_compiling()
-    grad = torch.is_grad_enabled() and (any(_requires_grad(t) for t in tensors)
-                                        or any(_requires_grad(t) for t in targets))
+    grad = torch.is_grad_enabled() and (any(requires_grad(t) for t in tensors)
+                                        or any(requires_grad(t) for t in targets))
     if grad:
         for t in targets:
             _check_target(t, name)
@@ -75,72 +77,13 @@ def call(name, tensors, targets, target_kind, core, adapter, instead, stream=Non
     return targets[0] if single else tuple(targets)
 
 
-def _targets(xs, outs, inplace):
+def targets_of(xs, outs, inplace):
+    """(the tensors a call writes, their kind) for ``call``."""
     if outs is not None:
         return tuple(outs), "out"
     if inplace:
         return tuple(xs), "inplace"
     return (), None
-
-
-def rope(name, xs, config, inverse, positions, offset, seq_offsets, outs, inplace, stream, core):
-    """``cuprope.api``'s four functions: the adapter is ``cuprope.torch.rope``
-    / ``rope_qk`` (with the inverse rotation for the backward functions, whose
-    own gradient is the forward rotation). Returns a tuple like ``xs``."""
-    targets, kind = _targets(xs, outs, inplace)
-
-    def adapter():
-        return ctorch.rotate(xs, config, inverse, positions, offset, seq_offsets)
-
-    return call(name, xs, targets, kind, core, adapter,
-                "cuprope.torch.rope_qk(q, k, config, ...)" if len(xs) == 2
-                else "cuprope.torch.rope(x, config, ...)", stream)
-
-
-def tables(name, xs, cos, sin, layout, interleaved, inverse, outs, inplace, stream, core):
-    """``cuprope.tables``: q and k go to ``cuprope.torch``'s table op (HF's
-    gradient); a single tensor, or tables that require grad, have no adapter."""
-    targets, kind = _targets(xs, outs, inplace)
-    adapter = None
-    if len(xs) == 2 and not (_requires_grad(cos) or _requires_grad(sin)):
-        def adapter():
-            return ctorch.table_rotate(xs[0], xs[1], cos, sin, layout, interleaved, inverse)
-    return call(name, xs + (cos, sin), targets, kind, core, adapter,
-                "cuprope.torch.apply_rotary_pos_emb(q, k, cos, sin) (differentiable in q, k, "
-                "and in cos/sin through HF's formula)", stream)
-
-
-def qknorm_forward(name, q, k, config, kw, outs, inplace, stream, core):
-    """``cuprope.qknorm.rope_qk_norm_forward``: the adapter is
-    ``cuprope.torch.rope_qk_norm`` (gradients for q, k and the weights; none
-    for cos/sin tables, so tables that require grad have no adapter)."""
-    targets, kind = _targets((q, k), outs, inplace)
-    tabs = kw.get("tables") or ()
-    tensors = (q, k, kw.get("q_weight"), kw.get("k_weight"), *tabs)
-    adapter = None
-    if not any(_requires_grad(t) for t in tabs):
-        def adapter():
-            return _qknorm_adapter(q, k, config, **kw)
-    return call(name, tensors, targets, kind, core, adapter,
-                "cuprope.torch.rope_qk_norm(q, k, config, ...) (cos/sin tables must not "
-                "require grad)", stream)
-
-
-def qknorm_backward(name, q, k, grad_q, grad_k, config, kw, outs, stream, core):
-    """``cuprope.qknorm.rope_qk_norm_backward``: not differentiable itself
-    (TypeError under autograd); under torch.compile the custom op
-    ``cuprope::rope_qk_norm_backward``."""
-    targets, kind = _targets((grad_q, grad_k), outs, False)
-    tensors = (q, k, grad_q, grad_k, kw.get("q_weight"), kw.get("k_weight"),
-               *(kw.get("tables") or ()))
-    adapter = None
-    if not targets and not (torch.is_grad_enabled()
-                            and any(_requires_grad(t) for t in tensors)):
-        def adapter():
-            return rope_qk_norm_backward_op(q, k, grad_q, grad_k, config, **kw)
-    return call(name, tensors, targets, kind, core, adapter,
-                "cuprope.torch.rope_qk_norm(q, k, config, ...) and .backward() (the explicit "
-                "backward has no gradient of its own)", stream)
 
 
 def no_adapter(name, tensors, targets, kind, core, instead):
@@ -164,15 +107,3 @@ def inference_op(name, tensors, written, core):
     grad), a graph break under torch.compile."""
     return call(name, tensors, written, "inplace", core, None,
                 "cuprope.torch.rope_qk for training (this is an inference op)")
-
-
-def cos_sin_rotation(positions, query, key, head_size, cos_sin_cache, is_neox, stream, core):
-    """``cuprope.cos_sin_cache.rotary_embedding`` (in place, an inference op):
-    under torch.compile, without autograd, the custom op
-    ``cuprope::rotary_embedding``; otherwise as ``inference_op``."""
-    written = (query,) if key is None else (query, key)
-    grad = torch.is_grad_enabled() and any(_requires_grad(t) for t in written)
-    if torch.compiler.is_compiling() and stream is None and not grad:
-        ctorch.rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox)
-        return query, key
-    return inference_op("rotary_embedding", written, written, core)

@@ -1,4 +1,4 @@
-// The KV-cache dialect of the RoPE family (cuprope/kvcache.py): rotate q and
+// The KV-cache dialect of the RoPE family (cuprope/kvcache/api.py): rotate q and
 // k of each token and write the rotated k and v into a paged KV cache, in one
 // launch. The rotation is the core's: the same cos/sin (pair_cos_sin, exact
 // angles) and the same arithmetic (rotate_chunk), so rotated values equal

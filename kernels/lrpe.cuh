@@ -1,4 +1,4 @@
-// The LRPE dialect (cuprope/lrpe.py): the hooks rope_kernel calls under its
+// The LRPE dialect (cuprope/lrpe/api.py): the hooks rope_kernel calls under its
 // ACT / BWD template parameters (activations and their gradients, the fused
 // chunk, the head-dim softmax) and the sequence-softmax statistics kernel.
 #pragma once

@@ -1,4 +1,4 @@
-// Fused QK-norm + RoPE (cuprope/qknorm.py): an RMS (or L2) norm over each
+// Fused QK-norm + RoPE (cuprope/qknorm/api.py): an RMS (or L2) norm over each
 // head's D values, or over all heads of a token of one tensor (OLMo 2), with
 // an optional weight w' = weight_offset + w, before the rotation (Qwen3,
 // Gemma 3, OLMo 2) or after it (Llama 4); forward and backward, q and k in
@@ -41,7 +41,7 @@ namespace cuprope {
 
 // The launch argument: RopeArgs (tensors, positions, angles; in_ptr is x in
 // the forward and dy in the backward) and the norm's fields. Every field is 8
-// bytes; the host mirrors it in cuprope/_core/qknorm_launch.py (ARGS_EXTRA_FIELDS).
+// bytes; the host mirrors it in cuprope/qknorm/launch.py (ARGS_EXTRA_FIELDS).
 struct QkNormArgs {
   RopeArgs r;
   long long x_ptr[2];                 // backward: the saved inputs q, k
@@ -312,7 +312,7 @@ __device__ __forceinline__ void unit_backward(const QkNormArgs& a, const QkToken
 }
 
 // The model modes' backward: the gradient autograd forms for HF's modules,
-// op by op in their dtypes (cuprope/qknorm_reference.py model_backward):
+// op by op in their dtypes (cuprope/qknorm/reference.py model_backward):
 // gin = the rotation's backward of dy rounded to T (the tables': PyTorch's
 // roundings), or dy for rope_then_norm; dn = (gin * w'_T)_T with dw terms
 // (gin * (v r)_T)_T (cast_then_weight), or dn = gin * w', terms gin * v r

@@ -1,6 +1,6 @@
 // Flat entry points of the QK-norm kernels (kernels/qknorm.cuh) for launchers
 // that pass flat pointer/scalar parameters (jaxlib's GPU kernel call;
-// cuprope/jax_qknorm.py), as kernels/flat.cuh does for rope_kernel: one
+// cuprope/qknorm/jax.py), as kernels/flat.cuh does for rope_kernel: one
 // 8-byte parameter per QkNormArgs word, the parameter list and the struct's
 // words generated from its field list (cuprope/_core/args.py QKNORM_ARGS) as
 // CUPROPE_FLAT_QKNORM_PARAMS / _WORDS. VEC 0 is qknorm_kernel's body, VEC > 0

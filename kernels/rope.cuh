@@ -18,14 +18,14 @@
 //
 // A third angle source skips the angles: the caller's own cos/sin tables
 // ([B, S, R] in the element type, as Hugging Face models pass them), applied
-// with HF's formula and PyTorch's roundings (cuprope/tables.py).
+// with HF's formula and PyTorch's roundings (cuprope/rope/tables.py).
 //
 // Compile-time parameters: element type T, pairing (interleaved (2i, 2i+1) or
 // half split (i, i + R/2)), VEC, the number of pairs a thread owns, chosen
 // so a thread's loads are 16 bytes wide where alignment allows, and SRC, the
 // angle source (shared table, per-head table, cos/sin tables).
 //
-// The LRPE dialect (cuprope/lrpe.py, seed 000) reuses the same kernel: two
+// The LRPE dialect (cuprope/lrpe/api.py, seed 000) reuses the same kernel: two
 // more template parameters, ACT (an activation applied to x before the
 // rotation) and BWD (the fused backward through rotation and activation, with
 // x read beside dO). Their defaults, ACT = kActNone and BWD = false, compile

@@ -245,7 +245,7 @@ def test_bench_suite_passes_its_arguments_to_the_checkout_suite():
 
 
 def test_bench_suite_outside_a_checkout_says_where_the_suite_lives(monkeypatch, capsys):
-    from cuprope import bench
+    from cuprope import bench_short as bench
     monkeypatch.setattr(bench, "suite_path", lambda: None)
     assert bench.run_suite(["--quick"]) == 2
     err = capsys.readouterr().err

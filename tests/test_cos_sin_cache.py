@@ -12,7 +12,8 @@ import pytest
 
 import cuprope
 from conftest import HAS_GPU, HAS_TORCH
-from cuprope import kvcache_reference as kref, reference, scaling
+from cuprope import reference, scaling
+from cuprope.kvcache import reference as kref
 from cuprope.cos_sin_cache import build_cos_sin_cache, rotary_embedding
 
 NEEDS_TORCH = pytest.mark.skipif(not HAS_TORCH, reason="needs torch: pip install torch")

@@ -284,7 +284,8 @@ def test_lrpe_launch_writes_its_call_values(monkeypatch, act, backward):
     words are x (or dO) in both input slots, the output in both output
     slots, x of the fused backward, and the offset; a second call reuses the
     cached plan with the new values."""
-    from cuprope import RopeConfig, lrpe
+    from cuprope import RopeConfig
+    from cuprope.lrpe import api as lrpe
     from cuprope._core import launcher as launcher_mod
     from cuprope._core.arrays import describe
     monkeypatch.setattr(driver.DRIVER, "_ok", False)

@@ -180,7 +180,7 @@ def test_runs_with_command_buffers(flags):
 
 # ---------------------------------------------------------------- QK-norm + RoPE
 from cuprope import qknorm, reference  # noqa: E402
-from cuprope import qknorm_reference as qref  # noqa: E402
+from cuprope.qknorm import reference as qref  # noqa: E402
 from cuprope._core.layout import from_canon, to_canon  # noqa: E402
 
 QK_CASES = {  # config, q shape, k shape, settings; "fast": the rows kernel runs (16-byte packs)

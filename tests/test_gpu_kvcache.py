@@ -13,7 +13,9 @@ import pytest
 
 import cuprope
 from conftest import GPU_TESTS
-from cuprope import kvcache, kvcache_reference as kref
+from cuprope import kvcache
+from cuprope.kvcache import api as kvcache_api
+from cuprope.kvcache import reference as kref
 from cuprope.cos_sin_cache import rotary_embedding
 from oracle import assert_matches
 from test_kvcache import (assert_bytes_equal, distinct_rows, expected_cache, spec_cos_sin,
@@ -187,7 +189,7 @@ def test_angle_table_gives_the_same_bits(dtype, scheme, interleaved, cache):
     seed = zlib.crc32(f"table{dtype}{scheme}{cache}".encode())
     check_append(seed, dtype, cfg, cache, "slots", t=61, pos_high=7000)
     check_append(seed + 1, dtype, cfg, cache, "paged", t=5, pos_high=5000)
-    from cuprope._core.kvlaunch import angle_table
+    from cuprope.kvcache.launch import angle_table
     tab = angle_table(cfg, 0).get()
     half = cfg.rotary_dim // 2
     assert tab.shape == (5000, 2 * half) and tab.dtype == np.float32
@@ -399,7 +401,7 @@ def test_append_fast_path_equals_the_general_path(dtype, cache, addressing, fuse
     """Repeated decode steps with fresh tensors take the fast path (one general
     call in all) and write exactly what the general path (check=True) writes
     on copies of the same state."""
-    calls = _count_general(monkeypatch, kvcache, "_gpu_append")
+    calls = _count_general(monkeypatch, kvcache_api, "_gpu_append")
     cfg = SCHEMES["default"](128, False)
     g = gen(41)
     for step in range(4):
@@ -423,7 +425,7 @@ def test_append_fast_path_not_taken_when_arguments_change(monkeypatch):
     """Each change of a signature or setting reaches the general path (and
     gives the general path's result), then is fast in turn."""
     torch = _torch()
-    calls = _count_general(monkeypatch, kvcache, "_gpu_append")
+    calls = _count_general(monkeypatch, kvcache_api, "_gpu_append")
     cfg = SCHEMES["default"](128, False)
     g = gen(43)
 
@@ -494,8 +496,9 @@ def test_rotary_embedding_fast_path_equals_the_general_path(monkeypatch):
     """q and k slices of one qkv tensor (their ranges interleave): repeated
     calls stay on the fast path and match check=True (the general path)."""
     import cuprope.cos_sin_cache as csc
+    import cuprope.kvcache.rotary as rotary
     import cuprope.torch as ctorch
-    calls = _count_general(monkeypatch, csc, "kv_spec")
+    calls = _count_general(monkeypatch, rotary, "kv_spec")
     g = gen(53)
     for step in range(4):
         pos, query, key, table = _rotary_args(g, "bfloat16")

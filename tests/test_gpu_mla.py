@@ -17,7 +17,7 @@ import pytest
 
 import cuprope
 from conftest import GPU_TESTS
-from cuprope import kvcache_reference as kref
+from cuprope.kvcache import reference as kref
 from cuprope.mla import rope_append_mla
 from cuprope.mla.reference import mla_reference
 from hf_configs import CONFIGS as HF

@@ -1,5 +1,5 @@
 """Fused QK-norm + RoPE on the GPU (skipped where there is no GPU): qknorm_kernel
-against the float64 reference (cuprope.qknorm_reference, written from the
+against the float64 reference (cuprope.qknorm.reference, written from the
 formulas), and the model rounding modes against transformers' Qwen3 and Gemma 3
 attention on the same GPU, bit for bit.
 
@@ -24,7 +24,7 @@ import pytest
 from conftest import GPU_TESTS
 import cuprope
 from cuprope import qknorm, reference, scaling
-from cuprope import qknorm_reference as qref
+from cuprope.qknorm import reference as qref
 from oracle import assert_matches
 
 pytestmark = GPU_TESTS

@@ -1,4 +1,4 @@
-"""The rules of cuprope.hf_config that are not a single table comparison: which
+"""The rules of cuprope.schemes.hf_config that are not a single table comparison: which
 layer (layer_type / layer_idx), NoPE layers, the pair layout from the config or
 the caller, family defaults and the refusal to guess for unknown families.
 
@@ -10,7 +10,8 @@ import math
 import numpy as np
 import pytest
 
-from cuprope import hf_config, scaling
+from cuprope import scaling
+from cuprope.schemes import hf_config
 from hf_configs import CONFIGS
 
 GEMMA3_4B = CONFIGS["gemma-3-4b-it"]

@@ -28,7 +28,7 @@ transformers = pytest.importorskip(
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING  # noqa: E402
 
 import cuprope  # noqa: E402
-from cuprope import hf_config  # noqa: E402
+from cuprope.schemes import hf_config  # noqa: E402
 from hf_configs import CONFIGS  # noqa: E402
 from oracle import assert_matches  # noqa: E402
 
@@ -73,7 +73,7 @@ FAMS = {
     "olmo2": Fam("Olmo2RotaryEmbedding"),
     "cohere": Fam("CohereRotaryEmbedding", cos_sin="repeat"),
 }
-FAMS.update({  # families of cuprope.hf_families without a published config above
+FAMS.update({  # families of cuprope.schemes.hf_families without a published config above
     "qwen2_moe": Fam("Qwen2MoeRotaryEmbedding"), "qwen3_moe": Fam("Qwen3MoeRotaryEmbedding"),
     "qwen2_5_vl_text": Fam("Qwen2_5_VLRotaryEmbedding", cos_sin="mrope"),
     "gemma": Fam("GemmaRotaryEmbedding"), "olmo": Fam("OlmoRotaryEmbedding"),
@@ -87,7 +87,7 @@ FAMS.update({  # families of cuprope.hf_families without a published config abov
 FAMS["qwen2_vl"] = FAMS["qwen2_vl_text"]  # Qwen2-VL's published config is flat
 _PKG = {"llama4_text": "llama4", "qwen2_vl_text": "qwen2_vl", "qwen3_vl_text": "qwen3_vl",
         "gemma3_text": "gemma3", "gemma4_text": "gemma4", "qwen2_5_vl_text": "qwen2_5_vl"}
-# Every family of cuprope.hf_families (but GPT-J, which has no rotary module) from a config
+# Every family of cuprope.schemes.hf_families (but GPT-J, which has no rotary module) from a config
 # that states almost nothing: the family defaults decide. "+linear" also states rope_theta
 # and a linear rope_scaling (Gemma 3, OLMo 3: full-attention layers only).
 _PROBE = {"hidden_size": 1024, "num_attention_heads": 8, "num_key_value_heads": 8,

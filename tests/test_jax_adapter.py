@@ -177,7 +177,7 @@ def test_sharded_calls_run_per_shard_on_several_cpu_devices():
 
 # ---------------------------------------------------------------- QK-norm + RoPE
 from cuprope import qknorm, reference  # noqa: E402
-from cuprope import qknorm_reference as qref  # noqa: E402
+from cuprope.qknorm import reference as qref  # noqa: E402
 from cuprope._core.layout import from_canon, to_canon  # noqa: E402
 
 QK_CASES = {  # config, q shape, k shape, keywords (weights: "q"/"k" by length, "dtype" their dtype)
@@ -419,8 +419,8 @@ def test_qk_norm_gpu_lowering_plan_built_on_the_cpu(case, backward, dtype, fast)
     a buffer for every pointer the call reads or writes (inputs before
     outputs) and 0 for the rest, and one reduction per weight."""
     from cuprope._core import loader
-    from cuprope._core import qknorm_launch as ql
-    from cuprope.jax_qknorm import launch_plan, qknorm_p
+    from cuprope.qknorm import launch as ql
+    from cuprope.qknorm.jax import launch_plan, qknorm_p
     rng = np.random.default_rng(14)
     cfg, q, k, kw = _qk_inputs(case, dtype, rng)
     arrays = {n: v for n, v in kw.items() if isinstance(v, jax.Array)}
@@ -502,7 +502,7 @@ _QK_SHARDED = r"""
 import numpy as np, jax, jax.numpy as jnp, cuprope
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from cuprope import jax as cjax
-from cuprope import jax_qknorm
+from cuprope.qknorm import jax as jax_qknorm
 from cuprope._core import jax_sharding
 assert len(jax.devices()) == 2, jax.devices()
 mesh = Mesh(np.array(jax.devices()), ("x",))
@@ -667,8 +667,8 @@ def test_qk_norm_partial_weight_gradients_plan_and_rule():
     sums each weight's gradient over its own tensor's factors."""
     import dataclasses
 
-    from cuprope._core import qknorm_launch as ql
-    from cuprope.jax_qknorm import QkNormStatic, launch_plan, sharding_rule
+    from cuprope.qknorm import launch as ql
+    from cuprope.qknorm.jax import QkNormStatic, launch_plan, sharding_rule
     cfg = cuprope.RopeConfig(16)
     call = QkNormStatic(cfg.key, backward=True, has_pos=True, has_qw=True, has_kw=True)
     shapes = [(2, 5, 4, 16), (2, 5, 2, 16)] * 2 + [(2, 5), (16,), (16,)]

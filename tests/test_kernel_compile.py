@@ -139,7 +139,7 @@ def test_host_and_kernels_read_one_set_of_constants():
     assert d["CUPROPE_ACT_SOFTMAX_SEQ"] == str(launch.SOFTMAX_SEQ)
     assert d["CUPROPE_SEQ_SLICES"] == str(launch.SEQ_SLICES)
     assert d["CUPROPE_SRC_TABLE"] == str(_loader.SRC_TABLE)
-    from cuprope._core import qknorm_launch
+    from cuprope.qknorm import launch as qknorm_launch
     assert d["CUPROPE_QKNORM_WARPS"] == str(qknorm_launch.WARPS)
     assert qknorm_launch.THREADS == 32 * qknorm_launch.WARPS
     assert d["CUPROPE_QKNORM_DW_PAD"] == str(qknorm_launch.DW_PAD)
@@ -153,7 +153,7 @@ def test_tuning_override_reaches_kernels_and_host():
     the host's values alike (a fresh process: both are read at import)."""
     import subprocess
     import sys
-    code = ("from cuprope._core import launch, loader, qknorm_launch as ql; "
+    code = ("from cuprope._core import launch, loader; from cuprope.qknorm import launch as ql; "
             "o = loader.compile_options(); "
             "print('-DCUPROPE_STAGES16=2' in o, '-DCUPROPE_RUN32=8' in o, '-DCUPROPE_X' in o, "
             "'-DCUPROPE_QKNORM_WARPS=4' in o, launch.STAGES[2], launch.RUNS[4], ql.WARPS, "

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 import cuprope
-from cuprope import kvcache, kvcache_reference as kref
+from cuprope import kvcache
+from cuprope.kvcache import reference as kref
 from cuprope.cos_sin_cache import rotary_embedding
 from oracle import assert_matches, round_to
 
@@ -414,7 +415,7 @@ def test_vector_width_and_pass_through_packs():
     """16-byte packs only where every array (fp8 ones by their 1-byte items)
     and R/2 and the tail allow them; two packs per pass-through chunk where
     the tail splits evenly."""
-    from cuprope._core.kvlaunch import copy_packs, pick_kv_vec
+    from cuprope.kvcache.launch import copy_packs, pick_kv_vec
     ok = [(4096, 2, (6144, 128)), (8192, 1, (2048, 1024, 128))]
     assert pick_kv_vec("bfloat16", ok, 64, 0) == 8
     assert pick_kv_vec("float32", [(4096, 4, (512, 128))], 64, 0) == 4

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import cuprope
-from cuprope import kvcache_reference as kref
+from cuprope.kvcache import reference as kref
 from cuprope import reference
 from cuprope._core import args, loader
 from cuprope.mla import rope_append_mla

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 import cuprope
-from cuprope import kvcache, qknorm, qknorm_reference as qref
+from cuprope import kvcache, qknorm
+from cuprope.qknorm import reference as qref
 from cuprope.prologue import qk_norm_rope_append_kv, reference as pref
 
 ml_dtypes = pytest.importorskip("ml_dtypes")

@@ -1,4 +1,4 @@
-"""Fused QK-norm + RoPE on the CPU: the float64 reference (cuprope.qknorm_reference)
+"""Fused QK-norm + RoPE on the CPU: the float64 reference (cuprope.qknorm.reference)
 against an independent torch float64 implementation and its autograd (forward,
 dx, dw), the NumPy backend through the public API (dtypes, layouts, GQA,
 partial rotary, positions, schemes), the model rounding modes bit for bit
@@ -8,7 +8,7 @@ import pytest
 
 import cuprope
 from cuprope import qknorm
-from cuprope import qknorm_reference as qref
+from cuprope.qknorm import reference as qref
 from cuprope import reference, scaling
 from oracle import assert_matches
 
@@ -484,7 +484,7 @@ def test_host_mirror_is_the_c_struct():
     the reference's roundings in order."""
     from test_launch import c_struct_fields
     from cuprope._core import args
-    from cuprope._core import qknorm_launch as ql
+    from cuprope.qknorm import launch as ql
     fields = c_struct_fields("qknorm.cuh", "QkNormArgs")
     assert fields[0] == ("r", 1, "RopeArgs")
     assert args.QKNORM_ARGS.fields == args.ARGS_FIELDS + tuple(fields[1:])
@@ -535,7 +535,7 @@ def test_rows_kernel_step_groups_split_a_tokens_heads_at_decode():
     contiguous, non-empty groups; at prefill one warp takes the whole token."""
     from types import SimpleNamespace as NS
 
-    from cuprope._core import qknorm_launch as ql
+    from cuprope.qknorm import launch as ql
     call = NS(layout="thd")
     ins = [NS(shape=(1, 32, 128)), NS(shape=(1, 8, 128))]  # Qwen3-8B: 40 heads of 128
     # bf16 packs of 8: 8 lanes a head, 4 heads a step, 10 steps a token

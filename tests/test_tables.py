@@ -157,7 +157,7 @@ def test_table_custom_op_passes_opcheck(device):
     cos, sin = hf_tables(1, 6, 16, torch.float32, device, seed=4)
     q = randn((1, 6, 3, 16), torch.float32, device, 12).requires_grad_()
     k = randn((1, 6, 1, 16), torch.float32, device, 13).requires_grad_()
-    torch.library.opcheck(ctorch._rope_qk_table_op, (q, k, cos, sin, "bshd", False, False))
+    torch.library.opcheck(torch.ops.cuprope.rope_qk_table.default, (q, k, cos, sin, "bshd", False, False))
 
 
 # ---------------------------------------------------------------- the array API

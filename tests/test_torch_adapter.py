@@ -64,7 +64,7 @@ def test_single_tensor_rope_backward_is_the_transpose(device):
 @pytest.mark.parametrize("device", DEVICES)
 def test_custom_ops_pass_opcheck(device):
     cfg = cuprope.RopeConfig(16)
-    key = ctorch._key(cfg)
+    key = cfg.key  # the integer key the custom ops take
     q = torch.randn(2, 5, 3, 16, device=device, requires_grad=True)
     k = torch.randn(2, 5, 1, 16, device=device, requires_grad=True)
     pos = torch.arange(5, device=device, dtype=torch.int32)

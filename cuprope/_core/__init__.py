@@ -1,9 +1,11 @@
 """cuprope's internal machinery, beneath the public modules.
 
-The public modules (``api``, ``tables``, ``lrpe``, ``ggml``, ``qknorm``,
-``kvcache``, ``cos_sin_cache``, the adapters) import from here; nothing here
-imports them back, except the engine's use of ``cuprope.config.RopeConfig``
-and the host backend's of ``cuprope.reference``.
+The op packages (``cuprope.rope``, ``qknorm``, ``kvcache``, ``lrpe``), ggml's
+dialect, the schemes and the adapters import from here; nothing here imports
+them back. ``_core`` imports only ``_core``, ``cuprope.config`` (RopeConfig,
+the public layouts, the ``LaunchCache`` an owner holds) and the float64
+formulas of ``cuprope.reference`` that the NumPy backend evaluates; neither
+of those two imports anything of ``_core``.
 
 One launch path: an op states its launch as data, a ``launcher.LaunchSpec``
 (the kernel of the loader's catalogue, grid, block, shared memory, and its
@@ -19,15 +21,14 @@ runs it through the driver on the caller's stream, replays it from
 * ``host``: the NumPy backend's plumbing (host arrays in and out)
 * ``args``: the argument structs' field lists (ArgStruct) and the flat
   entries' generated parameter lists
-* ``launcher``: the one launcher (LaunchSpec, Plan, LaunchCache, flat_call)
-* ``launch``: the rope family's spec: vector width, grid, RopeArgs
-* ``kvlaunch``: the KV-cache dialect's spec, the angle table
-* ``qknorm_launch``: the QK-norm kernels' geometry and specs
+* ``launcher``: the one launcher (LaunchSpec, Plan, cached_plan, flat_call)
+* ``launch``: the rope family's spec: vector width, grid, RopeArgs (the
+  KV-cache and QK-norm specs live in their packages' ``launch.py``)
 * ``fastpath``: repeated torch/CuPy calls skip validation and planning
 * ``driver``: launches through the CUDA driver (ctypes)
 * ``cache``: a bounded LRU of the configs dialects build on the fly
 * ``checks``: small scalar-argument checks for the dialects
 * ``loader``: the kernel sources, their instantiation names, NVRTC modules
 * ``ptx``: PTX of single instantiations, for launchers that load PTX themselves
-* ``xla``: the CUDA lowering of ``cuprope.jax`` (jaxlib's GPU kernel call)
+* ``xla``: the CUDA lowering of the JAX adapters (jaxlib's GPU kernel call)
 """

@@ -1,7 +1,7 @@
 """The engine under the public API: a validated call runs on the NumPy
 backend (host arrays) or becomes a launch plan on the GPU.
 
-``rope_call`` is the core RoPE entry (``cuprope.api`` calls it); the pieces
+``rope_call`` is the core RoPE entry (``cuprope.rope.api`` calls it); the pieces
 after it (outputs, tensor plans, streams, ``run_plan``) are shared with the
 dialects that launch the same kernel family (``cuprope.tables``,
 ``cuprope.lrpe``). Each states its launch as a LaunchSpec
@@ -20,6 +20,7 @@ from ..config import RopeConfig
 from . import fastpath, host, validate
 from .arrays import describe, empty_like, wrap_like
 from .launch import TensorPlan, rope_spec, sm_count
+from . import launcher
 from .launcher import on_device
 from .layout import canon_sizes, canon_strides
 
@@ -98,7 +99,7 @@ def _gpu_rope(infos, out_infos, config, inverse, pos_info, seq_info, offset, str
     plan = config._launches.plans.get(gkey)
     if plan is None:
         inv_freq, smap = config.device_tables(device)
-        plan = config._launches.get(gkey, lambda: rope_spec(
+        plan = launcher.cached_plan(config._launches, gkey, lambda: rope_spec(
             sms=sm_count(device), dtype=infos[0].dtype, interleaved=config.interleaved,
             plans=tensor_plans(infos, out_infos, config.layout),
             n_batch=b, n_seq=s, head_dim=d, rot_dim=config.rotary_dim, copy_rest=copy_rest,

@@ -11,10 +11,10 @@ pointers whose byte ranges may overlap in a way not validated before) takes
 the general path, which validates and raises as usual.
 
 One implementation serves every entry point with a fast path: the core
-(``cuprope.api``, ``cuprope.tables``), the fused KV-cache append
+(``cuprope.rope.api``, ``cuprope.tables``), the fused KV-cache append
 (``cuprope.kvcache``), the cos/sin-cache call (``cuprope.cos_sin_cache``)
 and the fused QK-norm forward (``cuprope.qknorm``). The entries live in the
-owner's ``launcher.LaunchCache.fast``:
+owner's ``cuprope.config.LaunchCache.fast``:
 
 * ``ticket(fw, header, arrays, pairs)``: the cache key (``header`` + each
   array's signature, None for an absent one) and the arrays' pointers;

@@ -1,4 +1,4 @@
-"""Pieces the JAX adapters (``cuprope.jax``, ``cuprope.jax_qknorm``) share:
+"""Pieces the JAX adapters (``cuprope.jax``, ``cuprope.qknorm.jax``) share:
 static arguments, cotangents of non-differentiable operands, vmap's marker
 of an unbatched operand, and the batching rule's moving and looping."""
 from __future__ import annotations

@@ -3,7 +3,7 @@ runs the call on its own device with its local shapes.
 
 ``Partitioned(bind, rule, local)`` wraps a primitive's bind in
 ``custom_partitioning``; the public adapters (``cuprope.jax``,
-``cuprope.jax_qknorm``) hand in their primitive's bind and a ``rule`` that
+``cuprope.qknorm.jax``) hand in their primitive's bind and a ``rule`` that
 names a factor per dim of every operand and result (einsum-like). The batch
 dim and the head dims of q and k may be sharded (GQA: q's and k's heads each
 on their own); every factor a call reads across is in the rule's ``keep`` and

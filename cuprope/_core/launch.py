@@ -208,7 +208,7 @@ def rope_spec(*, sms, dtype, interleaved, plans, n_batch, n_seq, head_dim, rot_d
     sin pointers where it takes positions and sequence offsets; sin_sign < 0
     selects the backward; inv_freq, pos, seq_off and scale are unused.
 
-    LRPE (cuprope/lrpe.py; one tensor, half split, R = D): ``act`` is the
+    LRPE (cuprope/lrpe/api.py; one tensor, half split, R = D): ``act`` is the
     kernels' activation code, ``backward_act`` selects the fused backward
     through it, reading x from ``aux`` (a TensorPlan whose in_ptr/in_strides
     describe x). Act 5 (softmax over the sequence) gets a statistics pass,

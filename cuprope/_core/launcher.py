@@ -3,8 +3,9 @@ this module
 
 * plans it on a device (``plan``: the kernel from the loader's catalogue,
   its packed arguments in one buffer, the driver call prepared),
-* caches it (``LaunchCache``: typed caches of plans by call signature and
-  of fast-path entries by array signature, one per owner),
+* caches it (``cached_plan``, in its owner's ``cuprope.config.LaunchCache``:
+  typed caches of plans by call signature and of fast-path entries by array
+  signature),
 * runs it eagerly through the CUDA driver on the caller's stream
   (``Plan.run(stream, *values)``: the per-call words written, the launch made),
 * replays it from the fast paths (``cuprope._core.fastpath`` keeps Plans and
@@ -173,28 +174,13 @@ def on_device(device, fn, *args):
         fn(*args)
 
 
-class LaunchCache:
-    """The typed launch caches of one owner (a RopeConfig, a table source, a
-    module's calls): ``plans`` maps a general-path call signature to its
-    Plan; ``fast`` maps a fast-path key to its fastpath.Entry (whose variants
-    are Plans)."""
-
-    __slots__ = ("plans", "fast")
-
-    def __init__(self):
-        self.plans: dict = {}
-        self.fast: dict = {}
-
-    def clear(self):
-        self.plans.clear()
-        self.fast.clear()
-
-    def get(self, key, spec_of, device):
-        """The Plan cached under ``key``, else ``plan(spec_of(), device)``, cached."""
-        p = self.plans.get(key)
-        if p is None:
-            p = self.plans[key] = plan(spec_of(), device)
-        return p
+def cached_plan(cache, key, spec_of, device):
+    """The Plan that ``cache`` (a ``cuprope.config.LaunchCache``) holds under
+    ``key``, else ``plan(spec_of(), device)``, cached there."""
+    p = cache.plans.get(key)
+    if p is None:
+        p = cache.plans[key] = plan(spec_of(), device)
+    return p
 
 
 # ---------------------------------------------------------------- jit (flat entry)

@@ -1,13 +1,12 @@
 """Tensor layouts in canonical ``[B, S, H, D]`` terms.
 
-Public layouts (``RopeConfig.layout``): ``"bshd"`` ``[B, S, H, D]``,
+Public layouts (``RopeConfig.layout``, ``cuprope.config.LAYOUTS``): ``"bshd"`` ``[B, S, H, D]``,
 ``"bhsd"`` ``[B, H, S, D]`` and ``"thd"`` ``[T, H, D]`` (packed tokens: one
 sequence of T). LRPE's one-head tensors ``[B, N, D]`` use the internal layout
 ``"bsd"`` (H = 1). Every kernel sees sizes and strides in the canonical order.
 """
 from __future__ import annotations
 
-LAYOUTS = ("bshd", "bhsd", "thd")
 DIMS = {"bshd": "[B, S, H, D]", "bhsd": "[B, H, S, D]", "thd": "[T, H, D]", "bsd": "[B, S, D]"}
 
 

@@ -20,7 +20,8 @@ import zlib
 import numpy as np
 
 from . import launch, launcher, loader, ptx, validate
-from .layout import LAYOUTS, canon_sizes, canon_strides
+from ..config import LAYOUTS
+from .layout import canon_sizes, canon_strides
 
 
 def theta_table(call) -> np.ndarray:

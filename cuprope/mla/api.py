@@ -61,12 +61,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import kvcache_reference as kref
+from ..kvcache import reference as kref
 from .._core import engine, launcher, validate
 from .._core.arrays import describe, overlaps
 from .._core.loader import KV_FP8_CACHE, KV_FP8_Q
-from ..config import RopeConfig
-from ..kvcache_arrays import addressing, index_info, np_view, scale_info, to_host
+from ..config import LaunchCache, RopeConfig
+from ..kvcache.arrays import index_info, np_view, to_host
+from ..kvcache.caches import addressing, scale_info
 from .launch import mla_spec, pick_vec
 from .reference import rotate_pe
 
@@ -224,7 +225,7 @@ def rope_append_mla(q_pe, k_pe, ckv, config, positions, *, kv_cache=None, ckv_ca
 # in, so a call repeating an earlier one's arrays (a decode loop over fixed
 # buffers) reuses its plan (no per-call words are written: a plan may be
 # shared). Cleared when it grows past _MAX_PLANS.
-_PLANS = launcher.LaunchCache()
+_PLANS = LaunchCache()
 _MAX_PLANS = 256
 
 
@@ -232,7 +233,7 @@ def _plan(spec, device):
     key = (device, spec.kernel, spec.grid, spec.smem, b"".join(bytes(b) for _, b in spec.params))
     if key not in _PLANS.plans and len(_PLANS.plans) >= _MAX_PLANS:
         _PLANS.clear()
-    return _PLANS.get(key, lambda: spec, device)
+    return launcher.cached_plan(_PLANS, key, lambda: spec, device)
 
 
 def _host_append(config, a):

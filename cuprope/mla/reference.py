@@ -11,13 +11,13 @@ config is interleaved (DeepSeek-V3's ``rope_interleave``, vLLM's
 
 The cache row of token t holds ``[ckv_t | rotated k_pe_t]`` (Dc + R values),
 in the cache's dtype: the input dtype (the rotated k_pe rounded once to it),
-or e4m3 of ``value * (1/scale)`` (kvcache_reference.scaled_e4m3).
+or e4m3 of ``value * (1/scale)`` (cuprope.kvcache.reference.scaled_e4m3).
 """
 from __future__ import annotations
 
 import numpy as np
 
-from .. import kvcache_reference as kref
+from ..kvcache import reference as kref
 
 __all__ = ["rotate_pe", "mla_reference", "expected_cache_rows"]
 

@@ -34,15 +34,16 @@ import threading
 
 import numpy as np
 
-from .. import kvcache
-from .. import kvcache_reference as kref
+from ..kvcache import caches
+from ..kvcache import reference as kref
+from ..kvcache.api import cache_fields
 from .. import reference as rref
 from .._core import engine, launcher, validate
 from .._core.arrays import describe, overlaps
 from .._core.loader import KV_FP8_CACHE, KV_FP8_Q, vec_widths
 from ..config import RopeConfig
-from ..kvcache_arrays import np_view, to_host, token_geometry
-from ..qknorm import QkNormCall
+from ..kvcache.arrays import np_view, to_host, token_geometry
+from ..qknorm.call import QkNormCall
 from . import launch, reference
 
 __all__ = ["qk_norm_rope_append_kv"]
@@ -85,18 +86,18 @@ def qk_norm_rope_append_kv(q, k, v, config, positions, *, q_weight=None, k_weigh
                          f"{list(vi.shape)} {vi.dtype}")
     b, s, hq, d = gq[:4]
     hk, t, dev = gk[2], b * s, qi.device
-    kc, vc, kloc, vloc, pages, page_size = kvcache.check_caches(k_cache, v_cache, kv_cache,
+    kc, vc, kloc, vloc, pages, page_size = caches.cache_args(k_cache, v_cache, kv_cache,
                                                                 kv_layout, qi, hk, d)
-    fp8_cache = kvcache.is_fp8(kc)
+    fp8_cache = caches.is_fp8(kc)
     for c in (kc, vc):
         if c is not None and any(overlaps(c, x) for x in (qi, ki, vi)):
             raise ValueError("the cache overlaps q, k or v")
         if c is not None and any(w is not None and overlaps(c, w) for w in call.winfos):
             raise ValueError("the cache overlaps a weight")
     tshapes = [(t,), (b, s)] if rank == 4 else [(t,)]
-    addr = kvcache.check_addressing(dev, tshapes, slot_mapping, kv_indices, kv_indptr,
+    addr = caches.addressing(dev, tshapes, slot_mapping, kv_indices, kv_indptr,
                                     batch_indices, cache_positions, kv_last_page_len)
-    qo = kvcache.check_q_out(q_out, qi, (ki, vi, kc, vc))
+    qo = caches.q_out_info(q_out, qi, (ki, vi, kc, vc))
     for w in call.winfos:
         if w is not None and overlaps(qo, w):
             raise ValueError("q_out overlaps a weight")
@@ -109,7 +110,7 @@ def qk_norm_rope_append_kv(q, k, v, config, positions, *, q_weight=None, k_weigh
     if dev < 0:
         _host(call, qi, ki, vi, qo, kc, vc, kv_layout, pages, page_size, addr, scales)
         return qo.obj
-    kv = kvcache.cache_fields(vi, gv[4], kloc, vloc, pages, page_size, addr, scales)
+    kv = cache_fields(vi, gv[4], kloc, vloc, pages, page_size, addr, scales)
     fp8 = (KV_FP8_Q if scales["q"] is not None else 0) | (KV_FP8_CACHE if fp8_cache else 0)
     packs = _packs(call, qi, ki, vi, qo, gv, kloc, vloc, fp8_cache, dev)
     inv_freq, smap = config.device_tables(dev)
@@ -145,14 +146,14 @@ def _maybe(x, name):
 
 def _scales(qo, fp8_cache, dev, hk, q_scale, k_scale, v_scale):
     """{"q", "k", "v": scale info or None}, as rope_append_kv checks them."""
-    q8 = kvcache.is_fp8(qo)
+    q8 = caches.is_fp8(qo)
     if not fp8_cache and (k_scale is not None or v_scale is not None):
         raise ValueError("k_scale and v_scale are read only for an fp8 (e4m3) cache")
     if not q8 and q_scale is not None:
         raise ValueError("q_scale is read only for an fp8 (e4m3) q_out")
-    out = {"q": kvcache.check_scale(q_scale, "q_scale", dev, [(), (1,)]) if q8 else None}
+    out = {"q": caches.scale_info(q_scale, "q_scale", dev, [(), (1,)]) if q8 else None}
     for name, x in (("k", k_scale), ("v", v_scale)):
-        out[name] = (kvcache.check_scale(x, f"{name}_scale", dev, [(), (1,), (hk,)])
+        out[name] = (caches.scale_info(x, f"{name}_scale", dev, [(), (1,), (hk,)])
                      if fp8_cache else None)
     if fp8_cache and out["k"].size != out["v"].size:
         raise ValueError("k_scale and v_scale must both be per tensor or both per head")
@@ -199,6 +200,6 @@ def _host(call, qi, ki, vi, qo, kc, vc, kv_layout, pages, page_size, addr, scale
         kv_indptr=h.get("kv_indptr"), q_scale=sc["q"], k_scale=sc["k"], v_scale=sc["v"])
     out_q = np_view(qo)
     (out_q.view(np.uint8) if sc["q"] is not None else out_q)[...] = enc_q.reshape(out_q.shape)
-    kview, vview = kvcache.cache_views(kc, vc, kv_layout, sc["k"] is not None)
+    kview, vview = caches.cache_views(kc, vc, kv_layout, sc["k"] is not None)
     kview[page[valid], row[valid]] = enc_k
     vview[page[valid], row[valid]] = enc_v

@@ -11,7 +11,8 @@ part's blocks (one warp per token at a time).
 """
 from __future__ import annotations
 
-from .._core import args, loader, qknorm_launch
+from .._core import args, loader
+from ..qknorm import launch as qknorm_launch
 from .._core.args import ArgStruct
 from .._core.launch import sm_count
 from .._core.launcher import LaunchSpec

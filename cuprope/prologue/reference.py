@@ -1,6 +1,6 @@
 """The float64 reference of the decode prologue: the composition of the
-QK-norm reference (``cuprope.qknorm_reference``: norm and rotation) and the
-KV-append reference (``cuprope.kvcache_reference``: cache rows, rounding,
+QK-norm reference (``cuprope.qknorm.reference``: norm and rotation) and the
+KV-append reference (``cuprope.kvcache.reference``: cache rows, rounding,
 e4m3 encoding). NumPy only; the tokens are packed ``[T, H, D]``.
 
 ``normed`` gives q's or k's normed and rotated values (float64: exact in the
@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import kvcache_reference as kref
-from .. import qknorm_reference as qref
+from ..kvcache import reference as kref
+from ..qknorm import reference as qref
 from .. import reference
 
 __all__ = ["normed", "prologue"]
@@ -48,7 +48,7 @@ def prologue(q, k, v, config, positions, *, n_pages, page_size, q_weight=None, k
     """What the op stores for q, k, v ``[T, H, D]`` (NumPy, one float dtype):
     ``(q_out, valid, page, row, k_rows, v_rows)``: q_out ``[T, Hq, D]`` (the
     dtype's values, or e4m3 bytes as uint8 with ``q_scale``), ``valid``,
-    ``page``, ``row`` per token (``kvcache_reference.cache_rows``), and the k
+    ``page``, ``row`` per token (``cuprope.kvcache.reference.cache_rows``), and the k
     and v rows of the valid tokens ``[n_valid, Hk, D]`` (e4m3 bytes with
     ``k_scale`` / ``v_scale``, per tensor or per head)."""
     dt = q.dtype.name

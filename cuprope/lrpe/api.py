@@ -54,16 +54,17 @@ import threading
 
 import numpy as np
 
-from ._core import engine, host, validate
-from ._core.arrays import describe, empty_like, wrap_like
-from ._core.cache import ConfigCache
-from ._core.launch import LRPE_CALLS, TensorPlan, pick_vec, rope_spec, sm_count
-from ._core.launcher import on_device
-from ._core.layout import canon_sizes, canon_strides
-from ._core.loader import LRPE_ACTS, lrpe_vec_widths
-from .config import RopeConfig, host_array
-from .lrpe_reference import ACTS, activation, backward_reference, forward_reference, rotate
-from .torch_guard import engaged
+from .._core import engine, host, validate
+from .._core.arrays import describe, empty_like, wrap_like
+from .._core.cache import ConfigCache
+from .._core.launch import LRPE_CALLS, TensorPlan, pick_vec, rope_spec, sm_count
+from .._core import launcher
+from .._core.launcher import on_device
+from .._core.layout import canon_sizes, canon_strides
+from .._core.loader import LRPE_ACTS, lrpe_vec_widths
+from ..config import RopeConfig, host_array
+from .reference import ACTS, activation, backward_reference, forward_reference, rotate
+from ..torch_guard import engaged
 
 __all__ = ["rotate_1d_forward", "rotate_1d_backward", "normalize_theta", "activation",
            "rotate", "forward_reference", "backward_reference", "ACTS"]
@@ -159,7 +160,7 @@ def rotate_1d_backward(x, do, theta, *, offset: int = 0, act: str = "none", dim=
 
 def _torch(name, tensors, out, core):
     """A call on torch tensors that torch_guard.engaged sent to cuprope.torch_route."""
-    from .torch_route import no_adapter
+    from ..torch_route import no_adapter
     return no_adapter(name, tensors, () if out is None else (out,),
                       None if out is None else "out", core,
                       "your own torch.autograd.Function over rotate_1d_forward and "
@@ -346,7 +347,7 @@ def _gpu_backend_fused(backward, main, xinfo, out_info, cfg, offset, act, dim, b
     if plan is None:
         inv_freq, _ = cfg.device_tables(device)
         aux = TensorPlan(xinfo.ptr, xinfo.ptr, xs, xs, h) if fused_x else None
-        plan = cfg._launches.get(key, lambda: rope_spec(
+        plan = launcher.cached_plan(cfg._launches, key, lambda: rope_spec(
             sms=sm_count(device), dtype=main.dtype, interleaved=False,
             plans=[TensorPlan(main.ptr, out_info.ptr, ms, os_, h)], n_batch=b, n_seq=n,
             head_dim=d, rot_dim=d, copy_rest=False, pos=None, seq_off=None,

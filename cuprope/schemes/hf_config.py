@@ -25,7 +25,7 @@ multimodal configs, ``no_rope_layers`` / ``no_rope_layer_interval`` (1 = RoPE,
 0 = NoPE), ``rope_interleave``.
 
 Defaults: a field the config leaves out takes the default of the family's
-config class (:mod:`cuprope.hf_families`, keyed by ``model_type``). For a
+config class (:mod:`cuprope.schemes.hf_families`, keyed by ``model_type``). For a
 ``model_type`` outside that table nothing is guessed: a missing field that
 families default differently (``rope_theta``, ``head_dim``,
 ``partial_rotary_factor``) raises naming it, and so does the pair layout unless
@@ -43,10 +43,10 @@ from __future__ import annotations
 import copy
 from collections.abc import Mapping
 
-from ._core.checks import as_int
-from .config import RopeConfig
+from .._core.checks import as_int
+from ..config import RopeConfig
 from .hf_families import GENERIC, family_of
-from .scaling import (ROPE_TYPES, _ALIASES, default_table, dynamic_ntk_table,
+from .scaling import (ROPE_TYPES, ROPE_TYPE_ALIASES, default_table, dynamic_ntk_table,
                       interleaved_mrope_config, linear_table, llama3_table, longrope_table,
                       mrope_config, proportional_table, yarn_table)
 
@@ -79,7 +79,7 @@ def _text_part(d: dict) -> dict:
 
 def _fail(model_type, fields, hint):
     raise ValueError(f"model_type {model_type!r} is not in cuprope's family table "
-                     f"(cuprope.hf_families), and the config does not state {', '.join(fields)}; "
+                     f"(cuprope.schemes.hf_families), and the config does not state {', '.join(fields)}; "
                      f"its family may default {'them' if len(fields) > 1 else 'it'} to anything. "
                      f"{hint}, or drop model_type to get transformers' generic defaults")
 
@@ -213,10 +213,10 @@ def hf_rope_parameters(config, *, layer_type: str | None = None, layer_idx: int 
 
     out = dict(rp)
     rope_type = rp.get("rope_type", rp.get("type", "default")) or "default"
-    rope_type = _ALIASES.get(rope_type, rope_type)
+    rope_type = ROPE_TYPE_ALIASES.get(rope_type, rope_type)
     if rope_type not in ROPE_TYPES:
         raise ValueError(f"unknown rope_type {rope_type!r}; supported: {', '.join(ROPE_TYPES)} "
-                         f"(and the aliases {sorted(_ALIASES)})")
+                         f"(and the aliases {sorted(ROPE_TYPE_ALIASES)})")
     out["rope_type"] = rope_type
     out["layer_type"] = layer_type
     out.pop("type", None)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import reference
+from .. import reference
 
 __all__ = ["E4M3_MAX", "FP8_DTYPES", "quantize_e4m3", "scaled_e4m3", "dequantize",
            "cache_rows", "rotate_cos_sin_cache", "rotate_config", "encode", "check_indices", "np_dtype"]

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import reference
+from .. import reference
 
 __all__ = ["forward", "backward", "model_forward", "model_backward", "rotation", "ROUNDINGS"]
 

@@ -1,92 +1,32 @@
-"""Fused QK-norm + RoPE: the per-head (or per-token) norm of q and k that
-Qwen3, Gemma 3 and OLMo 2 apply right before RoPE, and Llama 4 right after
-it, forward and backward, q and k in one launch.
-
-Shapes (``config.layout`` as in ``cuprope.api``): q ``[B, S, Hq, D]``
-(``"bshd"``), ``[B, Hq, S, D]`` (``"bhsd"``) or ``[T, Hq, D]`` (``"thd"``), k
-the same with Hk heads (GQA/MQA); float32, float16 or bfloat16; any batch,
-sequence and head strides, a contiguous last dim. Weights: 1-D contiguous,
-``[D]`` for ``norm_over="head"``, ``[H·D]`` (that tensor's heads) for
-``norm_over="token"``, any float dtype, on q's device.
-
-Semantics, per row v (one head's D values, or with ``norm_over="token"`` all
-H·D values of one token of one tensor):
-
-    N(v) = v · rsqrt(mean(v²) + eps) · w',   w' = weight_offset + weight
-
-(w' = 1 without a weight). ``norm="rms"`` takes weights (Qwen3: offset 0,
-Gemma 3: offset 1); ``norm="l2"`` is Llama 4's ``Llama4TextL2Norm``, the same
-formula with no weight. ``order="norm_then_rope"``: y = R(N(x)) (dims ≥ R:
-N(x)); ``"rope_then_norm"``: y = N(R(x)). R is ``config``'s rotation (every
-frequency scheme, per-head tables, stream maps, partial rotary, positions,
-offsets, ``seq_offsets``), or HF's own cos/sin ``tables=(cos, sin)``.
-
-``rounding``: ``"exact"`` (fp32 from float64 angles, rounded once);
-``"cast_then_weight"`` (Qwen3RMSNorm / LlamaRMSNorm: v·r rounded to the dtype,
-times the weight in the dtype) or ``"weight_then_cast"`` (Gemma3RMSNorm,
-Olmo2RMSNorm, Llama4TextL2Norm: v·r·(offset + w) in fp32, rounded once). In
-the two model modes the norm's output is rounded to the dtype before the
-rotation (the rotation's before the norm for ``rope_then_norm``), and with
-``tables`` the rotation is HF's ``q·cos + rotate_half(q)·sin`` with PyTorch's
-roundings, so a Qwen3 or Gemma 3 attention block gets HF's q and k bit for bit
-(the fp32 sums aside: their order is PyTorch's own; bf16 squares and products
-are exact in fp32). The backward is the exact gradient with
-``rounding="exact"``; in the model modes it is the gradient autograd forms for
-HF's modules, op by op in their dtypes (``qknorm_reference.model_backward``).
-
-PyTorch (``cuprope.torch_guard``), with grad mode on: a forward whose q, k or
-weights require grad goes through ``cuprope.torch.rope_qk_norm``
-(differentiable in q, k and the weights; the result requires grad); cos/sin
-tables that require grad, ``out=`` or ``stream=`` then raise a TypeError
-naming it, and so does the explicit backward on tensors that require grad (it
-has no gradient of its own). In place into a leaf that requires grad:
-RuntimeError. Under ``torch.compile`` the forward is the custom op
-``cuprope::rope_qk_norm`` and the backward ``cuprope::rope_qk_norm_backward``
-(``out=``/``inplace``/``stream=``: a graph break for the backward).
+"""The fused QK-norm + RoPE call itself, beneath ``cuprope.qknorm.api`` (the
+public, guarded functions) and ``cuprope.qknorm.torch`` (their custom ops):
+``forward_call`` / ``backward_call`` run one call with no torch guard (the
+fast path, else ``QkNormCall``: validation, the NumPy backend or the GPU
+launch through ``cuprope.qknorm.launch``). Shapes, semantics and dtypes: the
+docstring of ``cuprope.qknorm.api``.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from . import qknorm_reference as qref
-from . import reference
-from ._core import engine, fastpath, host, launcher, qknorm_launch, validate
-from ._core.arrays import describe, empty_like, overlaps, wrap_like
-from ._core.launch import sm_count
-from ._core.layout import canon_sizes, to_canon
-from .config import RopeConfig
-from .torch_guard import engaged
-
-__all__ = ["rope_qk_norm_forward", "rope_qk_norm_backward", "QkNormCall"]
+from . import reference as qref
+from .. import reference
+from .._core import engine, fastpath, host, launcher, validate
+from . import launch as qknorm_launch
+from .._core.arrays import describe, empty_like, overlaps, wrap_like
+from .._core.launch import sm_count
+from .._core.layout import canon_sizes, to_canon
+from ..config import RopeConfig
 
 NORMS = ("rms", "l2")
 ORDERS = ("norm_then_rope", "rope_then_norm")
 NORM_OVER = ("head", "token")
 
 
-def rope_qk_norm_forward(q, k, config, *, q_weight=None, k_weight=None, eps=1e-6, norm="rms",
-                         weight_offset=0.0, order="norm_then_rope", norm_over="head",
-                         rounding="exact", tables=None, positions=None, offset=0,
-                         seq_offsets=None, out=None, inplace=False, stream=None):
-    """(q_out, k_out): q and k normalised and rotated (module docstring).
-    ``out=(q_out, k_out)`` or ``inplace=True`` as in ``rope_qk_forward``.
-
-    A repeated call (no out=, no stream=) whose arrays and settings match a
-    previous validated call's reuses its launch (cuprope/_core/fastpath.py)."""
-    kw = dict(q_weight=q_weight, k_weight=k_weight, eps=eps, norm=norm,
-              weight_offset=weight_offset, order=order, norm_over=norm_over, rounding=rounding,
-              tables=tables, positions=positions, offset=offset, seq_offsets=seq_offsets)
-    if (engaged(q, k, out) or engaged(q_weight, k_weight)
-            or (isinstance(tables, (tuple, list)) and len(tables) == 2 and engaged(*tables))):
-        from .torch_route import qknorm_forward
-        return qknorm_forward("rope_qk_norm_forward", q, k, config, kw, validate.pair(out),
-                              inplace, stream,
-                              lambda: _forward(q, k, config, out, inplace, stream, **kw))
-    return _forward(q, k, config, out, inplace, stream, **kw)
-
-
-def _forward(q, k, config, out, inplace, stream, *, q_weight, k_weight, eps, norm,
+def forward_call(q, k, config, out, inplace, stream, *, q_weight, k_weight, eps, norm,
              weight_offset, order, norm_over, rounding, tables, positions, offset, seq_offsets):
+    """``rope_qk_norm_forward`` with no torch guard (``cuprope.qknorm.api``
+    documents it): the fast path, else ``QkNormCall`` on the host or GPU."""
     # tables exclude positions, seq_offsets and an offset (the key covers only the tables)
     fast = (out is None and stream is None and isinstance(config, RopeConfig)
             and (tables is None or (isinstance(tables, (tuple, list)) and len(tables) == 2
@@ -160,28 +100,9 @@ def _fast_forward(config, header, arrays, offset, inplace):
     return res
 
 
-def rope_qk_norm_backward(q, k, grad_q, grad_k, config, *, q_weight=None, k_weight=None,
-                          eps=1e-6, norm="rms", weight_offset=0.0, order="norm_then_rope",
-                          norm_over="head", rounding="exact", tables=None, positions=None,
-                          offset=0, seq_offsets=None, out=None, stream=None):
-    """(dq, dk, dq_weight, dk_weight) of ``rope_qk_norm_forward`` with the same
-    arguments, from the saved inputs ``q``, ``k`` (before the norm) and the
-    incoming ``grad_q``, ``grad_k`` (shaped like q, k). The weight gradients
-    (None without a weight) sum over every token and head in a fixed order
-    (the same bits on every run), in the weight's dtype. ``out=(dq, dk)``."""
-    kw = dict(q_weight=q_weight, k_weight=k_weight, eps=eps, norm=norm,
-              weight_offset=weight_offset, order=order, norm_over=norm_over, rounding=rounding,
-              tables=tables, positions=positions, offset=offset, seq_offsets=seq_offsets)
-    if engaged(q, k, out) or engaged(grad_q, grad_k):
-        from .torch_route import qknorm_backward
-        return qknorm_backward("rope_qk_norm_backward", q, k, grad_q, grad_k, config, kw,
-                               validate.pair(out), stream,
-                               lambda: _backward(q, k, grad_q, grad_k, config, out, stream, **kw))
-    return _backward(q, k, grad_q, grad_k, config, out, stream, **kw)
-
-
-def _backward(q, k, grad_q, grad_k, config, out, stream, *, q_weight, k_weight, eps, norm,
+def backward_call(q, k, grad_q, grad_k, config, out, stream, *, q_weight, k_weight, eps, norm,
               weight_offset, order, norm_over, rounding, tables, positions, offset, seq_offsets):
+    """``rope_qk_norm_backward`` with no torch guard (``cuprope.qknorm.api``)."""
     c = QkNormCall.of(q, k, grad_q, grad_k, config, q_weight, k_weight, eps, norm,
                       weight_offset, order, norm_over, rounding, tables, positions, offset,
                       seq_offsets)
@@ -387,7 +308,7 @@ class QkNormCall:
     def gpu(self, out_infos, stream, backward, ticket=None):
         """Launch qknorm_rows_kernel (the fast path) or qknorm_kernel, and,
         backward with weights, the weight gradients' reduction, through the
-        launcher (``cuprope._core.qknorm_launch`` states the launches);
+        launcher (``cuprope.qknorm.launch`` states the launches);
         register the kernel's plan for the fast path under ``ticket``."""
         ql = qknorm_launch
         ins = self.ginfos if backward else self.infos

@@ -3,7 +3,7 @@ the launch geometry, the struct's fields, and the LaunchSpecs of the kernel
 and of the weight-gradient reduction, which the one launcher
 (``cuprope._core.launcher``) plans and runs eagerly (``cuprope.qknorm``),
 replays from the fast path, and lowers under ``jax.jit``
-(``cuprope.jax_qknorm``: the flat entries of kernels/qknorm_flat.cuh, every
+(``cuprope.qknorm.jax``: the flat entries of kernels/qknorm_flat.cuh, every
 word fixed at trace time from the avals). The functions take a validated
 call (``cuprope.qknorm.QkNormCall``) and the infos of the kernel's inputs
 and outputs (arrays, or avals seen as row-major arrays).
@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import dataclasses
 
-from . import args, engine, loader
-from .launch import SMEM_LIMIT, TensorPlan, pick_vec
-from .launcher import LaunchSpec
-from .layout import canon_sizes, canon_strides
+from .._core import args, engine, loader
+from .._core.launch import SMEM_LIMIT, TensorPlan, pick_vec
+from .._core.launcher import LaunchSpec
+from .._core.layout import canon_sizes, canon_strides
 
 QKNORM_ARGS = args.QKNORM_ARGS  # struct QkNormArgs: a RopeArgs, then the norm's fields
 W_DTYPE = {"float32": 0, "float16": 1, "bfloat16": 2}  # QkNormArgs.w_dtype

@@ -16,8 +16,9 @@ from typing import Optional
 
 import torch
 
-from . import qknorm
-from .config import RopeConfig, config_by_key
+from .. import torch_route
+from .call import backward_call, forward_call
+from ..config import RopeConfig, config_by_key
 
 __all__ = ["rope_qk_norm", "RopeQKNormFunction", "rope_qk_norm_backward_op"]
 
@@ -59,9 +60,8 @@ def _fwd_op(q: torch.Tensor, k: torch.Tensor, q_weight: _Opt, k_weight: _Opt, co
             rounding: str) -> tuple[torch.Tensor, torch.Tensor]:
     config, kw = _settings(config_key, offset, eps, norm, weight_offset, order, norm_over,
                            rounding)
-    return qknorm.rope_qk_norm_forward(q, k, config, **kw,
-                                       **_call_kw(q_weight, k_weight, cos, sin, positions,
-                                                  seq_offsets))
+    return forward_call(q, k, config, None, False, None, **kw,
+                        **_call_kw(q_weight, k_weight, cos, sin, positions, seq_offsets))
 
 
 @_fwd_op.register_fake
@@ -78,8 +78,8 @@ def _bwd_op(q: torch.Tensor, k: torch.Tensor, grad_q: torch.Tensor, grad_k: torc
     """(dq, dk, dq_weight, dk_weight); a missing weight's gradient is an empty tensor."""
     config, kw = _settings(config_key, offset, eps, norm, weight_offset, order, norm_over,
                            rounding)
-    dq, dk, dwq, dwk = qknorm.rope_qk_norm_backward(
-        q, k, grad_q, grad_k, config, **kw,
+    dq, dk, dwq, dwk = backward_call(
+        q, k, grad_q, grad_k, config, None, None, **kw,
         **_call_kw(q_weight, k_weight, cos, sin, positions, seq_offsets))
     empty = q.new_empty(0)
     return dq, dk, empty if dwq is None else dwq, empty if dwk is None else dwk
@@ -159,3 +159,40 @@ def rope_qk_norm_backward_op(q: torch.Tensor, k: torch.Tensor, grad_q: torch.Ten
                                float(eps), norm, float(weight_offset), order, norm_over,
                                rounding)
     return dq, dk, None if q_weight is None else dwq, None if k_weight is None else dwk
+
+
+# ---------------------------------------------------------------- the routes
+
+
+def route_forward(name, q, k, config, kw, outs, inplace, stream, core):
+    """``cuprope.qknorm.rope_qk_norm_forward`` on torch tensors the guard
+    stopped: the adapter is ``rope_qk_norm`` (gradients for q, k and the
+    weights; none for cos/sin tables, so tables that require grad have no
+    adapter)."""
+    targets, kind = torch_route.targets_of((q, k), outs, inplace)
+    tabs = kw.get("tables") or ()
+    tensors = (q, k, kw.get("q_weight"), kw.get("k_weight"), *tabs)
+    adapter = None
+    if not any(torch_route.requires_grad(t) for t in tabs):
+        def adapter():
+            return rope_qk_norm(q, k, config, **kw)
+    return torch_route.call(name, tensors, targets, kind, core, adapter,
+                            "cuprope.torch.rope_qk_norm(q, k, config, ...) (cos/sin tables must "
+                            "not require grad)", stream)
+
+
+def route_backward(name, q, k, grad_q, grad_k, config, kw, outs, stream, core):
+    """``cuprope.qknorm.rope_qk_norm_backward`` on torch tensors the guard
+    stopped: not differentiable itself (TypeError under autograd); under
+    torch.compile the custom op ``cuprope::rope_qk_norm_backward``."""
+    targets, kind = torch_route.targets_of((grad_q, grad_k), outs, False)
+    tensors = (q, k, grad_q, grad_k, kw.get("q_weight"), kw.get("k_weight"),
+               *(kw.get("tables") or ()))
+    adapter = None
+    if not targets and not (torch.is_grad_enabled()
+                            and any(torch_route.requires_grad(t) for t in tensors)):
+        def adapter():
+            return rope_qk_norm_backward_op(q, k, grad_q, grad_k, config, **kw)
+    return torch_route.call(name, tensors, targets, kind, core, adapter,
+                            "cuprope.torch.rope_qk_norm(q, k, config, ...) and .backward() (the "
+                            "explicit backward has no gradient of its own)", stream)

@@ -11,10 +11,10 @@ fill with each call's pointers through ``Plan.run``.
 """
 from __future__ import annotations
 
-from . import launcher
-from .args import KV_ARGS, ROPE_ARGS, TABLE_ARGS
-from .launch import MAX_STEPS, grid_for, sm_count
-from .loader import (ITEMSIZE, KV_ANGLE_TABLE_KERNEL, KV_ANGLES, KV_FAMILIES, SRC_SHARED,
+from .._core import launcher
+from .._core.args import KV_ARGS, ROPE_ARGS, TABLE_ARGS
+from .._core.launch import MAX_STEPS, grid_for, sm_count
+from .._core.loader import (ITEMSIZE, KV_ANGLE_TABLE_KERNEL, KV_ANGLES, KV_FAMILIES, SRC_SHARED,
                      kv_family_of, kv_kernel_name, lrpe_vec_widths, tuning)
 
 

@@ -45,7 +45,7 @@ rounded to fp32, round to nearest even, saturating to ±448; NaN stores
 0x7f). ``k_scale``, ``v_scale``: float32 device scalars ``[]`` or ``[1]``, or
 per head ``[Hk]`` (both), read by the kernel at run time (a captured CUDA
 graph sees new values). ``q_out`` may be e4m3 too, with ``q_scale``.
-``kvcache_reference.dequantize`` reads a cache back.
+``cuprope.kvcache.reference.dequantize`` reads a cache back.
 
 q is rotated in place unless ``q_out`` is given (q's shape; q's dtype or
 e4m3). Returns q_out (or q).
@@ -54,83 +54,20 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import kvcache_reference as kref
-from ._core import engine, fastpath, validate
-from ._core.arrays import describe, overlaps
-from ._core import launcher
-from ._core.kvlaunch import angle_table, copy_packs, kv_spec, pick_kv_vec
-from ._core.loader import KV_ANGLES, KV_FP8_CACHE, KV_FP8_Q
-from .config import RopeConfig
-from .kvcache_arrays import addressing as _addressing
-from .kvcache_arrays import index_info, np_view, to_host, token_geometry
-from .kvcache_arrays import scale_info as _scale
-from .torch_guard import engaged
+from . import reference as kref
+from .._core import engine, fastpath, validate
+from .._core.arrays import describe, overlaps
+from .._core import launcher
+from .launch import angle_table, copy_packs, kv_spec, pick_kv_vec
+from .._core.loader import KV_ANGLES, KV_FP8_CACHE, KV_FP8_Q
+from ..config import RopeConfig
+from .arrays import index_info, np_view, to_host, token_geometry
+from .caches import (KV_LAYOUTS, addressing, cache_args, cache_views, is_fp8, q_out_info,
+                     scale_info)
+from ..torch_guard import engaged
 
 __all__ = ["rope_append_kv", "KV_LAYOUTS", "token_geometry", "index_info", "to_host",
            "np_view"]
-
-KV_LAYOUTS = ("NHD", "HND")
-
-
-def _is_fp8(info):
-    return info.dtype in kref.FP8_DTYPES
-
-
-def _caches(k_cache, v_cache, kv_cache, kv_layout, q, hk, d):
-    """(k info, v info or None, k/v (ptr, strides (page, row, head)), pages,
-    page_size); separate caches or one combined kv_cache."""
-    if kv_layout not in KV_LAYOUTS:
-        raise ValueError(f"kv_layout must be one of {KV_LAYOUTS}, got {kv_layout!r}")
-    if (kv_cache is None) == (k_cache is None and v_cache is None):
-        raise ValueError("give k_cache and v_cache, or one kv_cache")
-    if kv_cache is None and (k_cache is None or v_cache is None):
-        raise ValueError("k_cache and v_cache go together")
-    infos = ([describe(kv_cache, "kv_cache")] if kv_cache is not None
-             else [describe(k_cache, "k_cache"), describe(v_cache, "v_cache")])
-    rank = 5 if kv_cache is not None else 4
-    for i, name in zip(infos, ("kv_cache",) if kv_cache is not None else ("k_cache", "v_cache")):
-        if i.dtype != q.dtype and not _is_fp8(i):
-            raise TypeError(f"{name} must have q's dtype ({q.dtype}) or float8_e4m3fn (uint8 "
-                            f"bytes), got {i.dtype}")
-        if i.device != q.device:
-            raise ValueError(f"{name} is on device {i.device} but q is on {q.device}")
-        if len(i.shape) != rank or (rank == 5 and i.shape[1] != 2):
-            lead = "[num_pages, 2, " if rank == 5 else "[num_pages, "
-            dims = "page_size, Hk, D]" if kv_layout == "NHD" else "Hk, page_size, D]"
-            raise ValueError(f"{name} must be {lead}{dims} ({kv_layout}), got shape "
-                             f"{list(i.shape)}")
-        validate.check_last_dim(i, name)
-        validate.check_writable(i, name)
-    if len(infos) == 2 and (infos[0].shape != infos[1].shape or infos[0].dtype != infos[1].dtype
-                            or infos[0].strides != infos[1].strides):
-        raise ValueError("k_cache and v_cache must share shape, dtype and strides")
-    c = infos[0]
-    pages, a, b, dd = c.shape[0], *c.shape[-3:]
-    heads, page_size = (b, a) if kv_layout == "NHD" else (a, b)
-    if heads != hk or dd != d:
-        raise ValueError(_heads_mismatch(c.shape, kv_layout, hk, d))
-    st = c.strides
-    sa, sb = st[-3], st[-2]
-    strides = (st[0], sa, sb) if kv_layout == "NHD" else (st[0], sb, sa)
-    if len(infos) == 2:
-        return infos[0], infos[1], (c.ptr, strides), (infos[1].ptr, strides), pages, page_size
-    return c, None, (c.ptr, strides), (c.ptr + st[1] * c.itemsize, strides), pages, page_size
-
-
-def _heads_mismatch(shape, kv_layout, hk, d):
-    """The message for a cache whose heads or head dim are not k's: it names
-    ``kv_layout`` and the other value when the shape would fit it."""
-    a, b, dd = shape[-3:]
-    heads = b if kv_layout == "NHD" else a
-    dims = {"NHD": "[num_pages, page_size, Hk, D]", "HND": "[num_pages, Hk, page_size, D]"}
-    other = "HND" if kv_layout == "NHD" else "NHD"
-    msg = (f"the cache holds {heads} heads of {dd} dims as kv_layout={kv_layout!r} "
-           f"({dims[kv_layout]}) but k and v have {hk} heads of {d} dims")
-    if dd == d and (a if kv_layout == "NHD" else b) == hk:
-        msg += (f"; its shape {list(shape)} fits kv_layout={other!r} ({dims[other]}): pass "
-                f"kv_layout={other!r}")
-    return msg
-
 
 def rope_append_kv(q, k, v, config, positions, *, k_cache=None, v_cache=None, kv_cache=None,
                    kv_layout="NHD", slot_mapping=None, kv_indices=None, kv_indptr=None,
@@ -153,7 +90,7 @@ def rope_append_kv(q, k, v, config, positions, *, k_cache=None, v_cache=None, kv
             kv_indices, kv_indptr, batch_indices, cache_positions, kv_last_page_len, q_out,
             q_scale, k_scale, v_scale, check, stream)
     if engaged(q, k, q_out) or getattr(v, "requires_grad", False):
-        from .torch_route import inference_op
+        from ..torch_route import inference_op
         written = (q if q_out is None else q_out, k_cache, v_cache, kv_cache)
         return inference_op("rope_append_kv", (q, k, v),
                             tuple(t for t in written if t is not None),
@@ -195,21 +132,21 @@ def _append(q, k, v, config, positions, k_cache, v_cache, kv_cache, kv_layout, s
     t = b * s
     validate.check_tokens(t, "T")
     dev = qi.device
-    kc, vc, kloc, vloc, pages, page_size = _caches(k_cache, v_cache, kv_cache, kv_layout, qi, hk, d)
-    fp8_cache = _is_fp8(kc)
+    kc, vc, kloc, vloc, pages, page_size = cache_args(k_cache, v_cache, kv_cache, kv_layout, qi, hk, d)
+    fp8_cache = is_fp8(kc)
     for c in (kc, vc):
         if c is not None and any(overlaps(c, x) for x in (qi, ki, vi)):
             raise ValueError("the cache overlaps q, k or v")
     tshapes = [(t,), (b, s)] if len(qi.shape) == 4 else [(t,)]
     ns = config.n_streams
     pos = index_info(positions, "positions", dev, [(ns,) + x if ns > 1 else x for x in tshapes])
-    addr = _addressing(dev, tshapes, slot_mapping, kv_indices, kv_indptr, batch_indices,
+    addr = addressing(dev, tshapes, slot_mapping, kv_indices, kv_indptr, batch_indices,
                        cache_positions, kv_last_page_len)
-    qo = _q_out(q_out, qi, (ki, vi, kc, vc))
-    q8 = _is_fp8(qo)
-    scales = {"q": _scale(q_scale, "q_scale", dev, [(), (1,)]) if q8 else None}
+    qo = q_out_info(q_out, qi, (ki, vi, kc, vc))
+    q8 = is_fp8(qo)
+    scales = {"q": scale_info(q_scale, "q_scale", dev, [(), (1,)]) if q8 else None}
     for name, x in (("k", k_scale), ("v", v_scale)):
-        scales[name] = _scale(x, f"{name}_scale", dev, [(), (1,), (hk,)]) if fp8_cache else None
+        scales[name] = scale_info(x, f"{name}_scale", dev, [(), (1,), (hk,)]) if fp8_cache else None
     if not fp8_cache and (k_scale is not None or v_scale is not None):
         raise ValueError("k_scale and v_scale are read only for an fp8 (e4m3) cache")
     if not q8 and q_scale is not None:
@@ -252,44 +189,6 @@ def _by_index(qi, ki, vi, pos, kc, vc, combined, addr, qo, scales):
             addr.get("slot_mapping"), addr.get("kv_indices"), addr.get("kv_indptr"),
             addr.get("batch_indices"), addr.get("cache_positions"),
             addr.get("kv_last_page_len"), qo, scales["q"], scales["k"], scales["v"])
-
-
-def _q_out(q_out, qi, others):
-    if q_out is None:
-        if qi.kind == "jax":
-            raise TypeError("JAX arrays are immutable: give q_out= (q is rotated in place)")
-        validate.check_writable(qi, "q")
-        return qi
-    qo = describe(q_out, "q_out")
-    if qo.kind != qi.kind or qo.device != qi.device or tuple(qo.shape) != tuple(qi.shape):
-        raise ValueError(f"q_out must be a {qi.kind} array of q's shape {list(qi.shape)} on its "
-                         f"device, got {qo.kind} {list(qo.shape)} on {qo.device}")
-    if qo.dtype != qi.dtype and not _is_fp8(qo):
-        raise TypeError(f"q_out must have q's dtype ({qi.dtype}) or float8_e4m3fn, got {qo.dtype}")
-    if qo.kind == "jax":
-        raise TypeError("JAX arrays are immutable: q_out cannot be one")
-    validate.check_last_dim(qo, "q_out")
-    validate.check_writable(qo, "q_out")
-    if overlaps(qo, qi) and not (validate.same_view(qo, qi) and qo.dtype == qi.dtype):
-        raise ValueError("q_out overlaps q without being exactly q (omit q_out to rotate in place)")
-    if any(o is not None and overlaps(qo, o) for o in others):
-        raise ValueError("q_out overlaps k, v or the cache")
-    return qo
-
-
-def cache_views(kc, vc, kv_layout, fp8):
-    """NumPy views of host k and v caches as ``[pages, page_size, Hk, D]``
-    (uint8 bytes for fp8)."""
-    if vc is None:
-        whole = np_view(kc)
-        kview, vview = whole[:, 0], whole[:, 1]
-    else:
-        kview, vview = np_view(kc), np_view(vc)
-    if kv_layout == "HND":
-        kview, vview = kview.transpose(0, 2, 1, 3), vview.transpose(0, 2, 1, 3)
-    if fp8:
-        kview, vview = kview.view(np.uint8), vview.view(np.uint8)
-    return kview, vview
 
 
 def _host_append(config, qi, ki, vi, qo, pos, kc, vc, kv_layout, pages, page_size, addr, scales):
@@ -391,12 +290,3 @@ def _gpu_append(config, qi, ki, vi, qo, pos, cache, addr, scales):
                                  vec=vec, src=KV_ANGLES, fp8=fp8, rope=rope, kv=kv, calls=calls),
                          qi.device)
     return plan, [fastpath.span(i) for i in by_index]
-
-
-# The cache checks, shared with the ops that also write a KV cache
-# (cuprope.prologue): the same arguments and errors as rope_append_kv's.
-check_caches = _caches
-check_addressing = _addressing
-check_scale = _scale
-check_q_out = _q_out
-is_fp8 = _is_fp8

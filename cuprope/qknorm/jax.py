@@ -17,7 +17,7 @@ constants to ``grad``.
 
 On a GPU the call lowers to jaxlib's GPU kernel call with the flat entries of
 kernels/qknorm_flat.cuh (PTX from NVRTC at trace time): the same kernel, grid,
-shared memory and struct words as the eager call (``cuprope._core.qknorm_launch``
+shared memory and struct words as the eager call (``cuprope.qknorm.launch``
 computes them for both), so results equal the eager call's bit for bit. The
 backward with weights is two or three custom calls: the kernel, which also
 writes the float32 partial rows of the weight gradient as a scratch result,
@@ -42,13 +42,13 @@ import numpy as np
 from jax.extend.core import Primitive
 from jax.interpreters import batching, mlir
 
-from . import qknorm
-from ._core import jax_sharding, launcher, xla
-from ._core import qknorm_launch as ql
-from ._core.jax_common import (NOT_MAPPED, batch_size_and_front, host_lowering, map_each,
+from . import api as qknorm
+from .._core import jax_sharding, launcher, xla
+from . import launch as ql
+from .._core.jax_common import (NOT_MAPPED, batch_size_and_front, host_lowering, map_each,
                                reduce_to, static_offset, varying_axes, with_varying,
                                zero_cotangent)
-from .config import RopeConfig, config_by_key
+from ..config import RopeConfig, config_by_key
 
 __all__ = ["rope_qk_norm", "QkNormStatic", "launch_plan"]
 
@@ -156,7 +156,7 @@ def _host_call(call, *arrays):
 def launch_plan(call: QkNormStatic, avals, sms: int) -> list[launcher.FlatCall]:
     """The kernel calls that run ``call`` on operands of ``avals`` on a GPU
     of ``sms`` multiprocessors, the eager path's LaunchSpecs
-    (``cuprope._core.qknorm_launch``) as flat calls: the QK-norm kernel's
+    (``cuprope.qknorm.launch``) as flat calls: the QK-norm kernel's
     flat entry (results: the two outputs, then, backward with a weight, the
     float32 partial rows), then one ``qknorm_dw_kernel`` per weight. No
     jaxlib involved: tests build it on the CPU."""

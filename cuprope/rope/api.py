@@ -35,10 +35,10 @@ Under ``torch.no_grad()`` / ``inference_mode`` nothing changes.
 """
 from __future__ import annotations
 
-from ._core.engine import rope_call
-from ._core.validate import pair
-from .config import RopeConfig
-from .torch_guard import engaged
+from .._core.engine import rope_call
+from .._core.validate import pair
+from ..config import RopeConfig
+from ..torch_guard import engaged
 
 __all__ = ["rope_forward", "rope_backward", "rope_qk_forward", "rope_qk_backward"]
 
@@ -97,11 +97,12 @@ def rope_qk_backward(grad_q, grad_k, config: RopeConfig, *, positions=None, offs
 
 def _torch(name, xs, names, config, inverse, positions, offset, seq_offsets, outs, inplace,
            stream):
-    """A call on torch tensors that torch_guard.engaged sent to cuprope.torch_route."""
-    from .torch_route import rope
+    """A call on torch tensors that torch_guard.engaged sent to the route of
+    ``cuprope.rope.torch`` (imported only then)."""
+    from .torch import route_rope
 
     def core():
         return rope_call(xs, names, config, inverse, positions, offset, seq_offsets, outs,
                          inplace, stream)
-    return rope(name, xs, config, inverse, positions, offset, seq_offsets, outs, inplace,
-                stream, core)
+    return route_rope(name, xs, config, inverse, positions, offset, seq_offsets, outs, inplace,
+                      stream, core)

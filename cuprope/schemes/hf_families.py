@@ -23,7 +23,7 @@ for defaults, ``modeling_*.py`` for the layout):
   ``layer_types``, Llama 4's NoPE interval.
 
 A ``model_type`` missing here is an unknown family: cuprope then refuses to
-guess any of these fields (see :mod:`cuprope.hf_config`).
+guess any of these fields (see :mod:`cuprope.schemes.hf_config`).
 """
 from __future__ import annotations
 

@@ -1,0 +1,72 @@
+"""PyTorch adapter of the KV-cache family's in-place op: vLLM's
+``rotary_embedding`` (over :mod:`cuprope.kvcache.cos_sin_cache`) as the
+custom op ``cuprope::rotary_embedding`` under ``torch.compile``; re-exported
+by the public :mod:`cuprope.torch`, so an engine switches by one line.
+
+``route_rotation`` is where ``cos_sin_cache.rotary_embedding`` sends torch
+tensors its guard stopped (it imports this module only then); both run the
+call beneath them, ``cuprope.kvcache.rotary.rotate_by_cache``."""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from .. import torch_route
+from ..torch_guard import engaged
+from .rotary import rotate_by_cache
+
+__all__ = ["rotary_embedding"]
+
+
+@torch.library.custom_op("cuprope::rotary_embedding", mutates_args=("query", "key"))
+def _rotary_embedding_op(positions: torch.Tensor, query: torch.Tensor,
+                         key: Optional[torch.Tensor], head_size: int,
+                         cos_sin_cache: torch.Tensor, is_neox: bool) -> None:
+    _in_place(positions, query, key, head_size, cos_sin_cache, is_neox)
+
+
+@_rotary_embedding_op.register_fake
+def _(positions, query, key, head_size, cos_sin_cache, is_neox):
+    return None
+
+
+def rotary_embedding(positions: torch.Tensor, query: torch.Tensor, key: Optional[torch.Tensor],
+                     head_size: int, cos_sin_cache: torch.Tensor, is_neox: bool = True) -> None:
+    """vLLM's ``rotary_embedding`` op: rotate ``query`` ``[T, Hq*D]`` (or
+    ``[T, Hq, D]``) and ``key`` (likewise, or None) in place by the rows
+    ``positions`` ``[T]`` of ``cos_sin_cache`` ``[max_position, R]`` (cos
+    half, then sin half; float32 or query's dtype), NeoX pairs (j, j + R/2)
+    or, ``is_neox=False``, GPT-J pairs (2j, 2j + 1). Not differentiable (an
+    inference op). See ``cuprope.cos_sin_cache`` for the semantics. Under
+    ``torch.compile`` it is the custom op ``cuprope::rotary_embedding``
+    (mutating query and key)."""
+    if torch.compiler.is_compiling():
+        _rotary_embedding_op(positions, query, key, int(head_size), cos_sin_cache, bool(is_neox))
+        return
+    _in_place(positions, query, key, head_size, cos_sin_cache, is_neox)
+
+
+def _in_place(positions, query, key, head_size, cos_sin_cache, is_neox):
+    """As ``cuprope.cos_sin_cache.rotary_embedding`` rotates (check=False, no
+    stream): the call itself, or ``route_rotation`` where the guard says so."""
+    def core():
+        return rotate_by_cache(positions, query, key, head_size, cos_sin_cache, is_neox, False,
+                               None)
+    if engaged(query, key):
+        route_rotation(positions, query, key, head_size, cos_sin_cache, is_neox, None, core)
+    else:
+        core()
+
+
+def route_rotation(positions, query, key, head_size, cos_sin_cache, is_neox, stream, core):
+    """``cuprope.cos_sin_cache.rotary_embedding`` on torch tensors the guard
+    stopped (in place, an inference op): under torch.compile, without
+    autograd, the custom op ``cuprope::rotary_embedding``; otherwise as
+    ``torch_route.inference_op``."""
+    written = (query,) if key is None else (query, key)
+    grad = torch.is_grad_enabled() and any(torch_route.requires_grad(t) for t in written)
+    if torch.compiler.is_compiling() and stream is None and not grad:
+        rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox)
+        return query, key
+    return torch_route.inference_op("rotary_embedding", written, written, core)

@@ -1,0 +1,247 @@
+"""JAX adapter: cuprope inside ``jax.jit``, ``jax.grad``, ``jax.vmap`` and
+sharding, as a native XLA kernel launch.
+
+* ``rope(x, config, *, positions=None, offset=0, seq_offsets=None)`` and
+  ``rope_qk(q, k, config, ...)``: shapes as ``cuprope.rope_forward`` /
+  ``cuprope.rope_qk_forward``.
+* ``rope_table(x, cos, sin, *, layout="bshd", interleaved=False)`` and
+  ``rope_qk_table(q, k, cos, sin, ...)``: as ``cuprope.tables`` (HF's
+  formula with PyTorch's roundings). cos and sin are constants to ``grad``
+  (their cotangent is zero).
+* ``rotate_1d(x, theta, *, offset=0, act="none", dim=None)``: LRPE, as
+  ``cuprope.lrpe.rotate_1d_forward``; ``theta`` must be concrete (a NumPy
+  array or list). Softmax over the sequence (``dim=1``) lowers to two kernel
+  calls on a GPU: its statistics pass, then the rotation.
+
+Every function is differentiable (``jax.custom_vjp``: cuprope's backward
+through the same kernels), batches under ``jax.vmap`` (a leading axis of the
+rotated tensors folds into their batch dim where the layout has one and the
+other operands are not batched; otherwise the call runs once per element)
+and partitions under ``jax.sharding`` over the batch and head dims (each
+shard runs the kernel on its own device; the sequence and head dim are
+replicated first; ``cuprope/_core/jax_sharding.py``). ``config``, ``offset``, ``layout``,
+``interleaved``, ``theta``, ``act`` and ``dim`` are static (a new value
+retraces); pass ``positions=`` for positions that change from step to step.
+
+On a GPU the call lowers to jaxlib's GPU kernel call (the custom call that
+jax-triton launches PTX through) with cuprope's own PTX, compiled by NVRTC
+at trace time: the kernel, grid and arguments are fixed in the compiled
+program and nothing in Python runs when it executes. On the CPU backend it
+runs cuprope's NumPy backend through ``jax.pure_callback`` (bfloat16 too).
+Results under ``jit`` equal the eager call's bit for bit.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import numpy as np
+from jax.extend.core import Primitive
+from jax.interpreters import batching, mlir
+
+from . import api, tables
+from ..lrpe import api as lrpe
+from .._core import jax_sharding, xla
+from .._core.jax_common import (NOT_MAPPED, batch_size_and_front, host_lowering, map_each,
+                                static_offset, zero_cotangent)
+from ..config import RopeConfig, config_by_key
+
+__all__ = ["rope", "rope_qk", "rope_table", "rope_qk_table", "rotate_1d"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Call:
+    """Everything static about one launch (hashable: a primitive parameter).
+
+    kind: "rope" (``key`` names the RopeConfig), "table" (cos/sin tables) or
+    "lrpe" (``theta``: (rows, bytes of its float64 [rows, E] table)). The
+    primitive's operands: the rotated tensors (``n``), then positions and
+    seq_offsets when ``has_pos`` / ``has_seq`` (rope), cos and sin (table),
+    or x beside dO (the LRPE backward of an activation, ``has_x``)."""
+
+    kind: str
+    n: int
+    inverse: bool = False
+    layout: str = "bshd"
+    key: int = 0
+    offset: int = 0
+    has_pos: bool = False
+    has_seq: bool = False
+    interleaved: bool = False
+    theta: tuple = ()
+    act: str = "none"
+    dim: int | None = None
+    has_x: bool = False
+
+    def backward(self) -> "Call":
+        """The call computing this one's gradient."""
+        has_x = self.kind == "lrpe" and self.act != "none"
+        return dataclasses.replace(self, inverse=not self.inverse, has_x=has_x)
+
+
+# ---------------------------------------------------------------- the primitive
+
+rope_p = Primitive("cuprope_rope")
+rope_p.multiple_results = True
+# the results keep their operands' avals (under shard_map: their varying
+# mesh axes, so jax.vjp accepts cotangents that vary over the mesh)
+rope_p.def_abstract_eval(lambda *args, call: [a.update(weak_type=False) for a in args[:call.n]])
+rope_p.def_impl(lambda *args, call: jax.jit(functools.partial(rope_p.bind, call=call))(*args))
+
+
+def _host_call(call: Call, *args):
+    """The call on NumPy arrays: cuprope's NumPy backend (CPU lowering)."""
+    xs, rest = list(args[:call.n]), list(args[call.n:])
+    if call.kind == "rope":
+        pos = rest.pop(0) if call.has_pos else None
+        seq = rest.pop(0) if call.has_seq else None
+        fn = (api.rope_qk_backward if call.inverse else api.rope_qk_forward) if call.n == 2 \
+            else (api.rope_backward if call.inverse else api.rope_forward)
+        res = fn(*xs, config_by_key(call.key), positions=pos, offset=call.offset,
+                 seq_offsets=seq)
+    elif call.kind == "table":
+        fn = (tables.rope_qk_table_backward if call.inverse else tables.rope_qk_table_forward) \
+            if call.n == 2 else (tables.rope_table_backward if call.inverse
+                                 else tables.rope_table_forward)
+        res = fn(*xs, rest[0], rest[1], layout=call.layout, interleaved=call.interleaved)
+    elif call.inverse:
+        res = lrpe.rotate_1d_backward(rest[0] if call.has_x else None, xs[0],
+                                      xla.theta_table(call), offset=call.offset, act=call.act,
+                                      dim=call.dim)
+    else:
+        res = lrpe.rotate_1d_forward(xs[0], xla.theta_table(call), offset=call.offset,
+                                     act=call.act, dim=call.dim)
+    return tuple(np.asarray(r) for r in (res if isinstance(res, tuple) else (res,)))
+
+
+mlir.register_lowering(rope_p, host_lowering(_host_call), platform="cpu")
+mlir.register_lowering(rope_p, xla.lower_cuda, platform="cuda")
+
+
+# ---------------------------------------------------------------- vmap
+
+def _foldable(call, args, dims):
+    """True when a batch axis of the rotated tensors can join their batch dim:
+    every rotated tensor (and LRPE's x) batched, nothing else, and nothing
+    that is laid out per batch (positions ``[B, S]``, seq_offsets, per-batch
+    tables)."""
+    mapped = [d is not NOT_MAPPED for d in dims]
+    n = call.n + (1 if call.has_x else 0)
+    if not all(mapped[:n]) or any(mapped[n:]) or call.layout == "thd":
+        return False
+    if call.kind == "rope":
+        rest = args[call.n:]
+        return not call.has_seq and (not call.has_pos or rest[0].ndim == 1
+                                     or (config_by_key(call.key).n_streams > 1
+                                         and rest[0].ndim == 2))
+    if call.kind == "table":
+        return args[call.n].ndim == 2 or args[call.n].shape[0] == 1
+    return True
+
+
+def _batch(args, dims, *, call):
+    size, args = batch_size_and_front(args, dims)
+    if _foldable(call, args, dims):
+        n = call.n + (1 if call.has_x else 0)
+        folded = [a.reshape((-1,) + a.shape[2:]) for a in args[:n]] + list(args[n:])
+        out = rope_p.bind(*folded, call=call)
+        return [o.reshape((size, -1) + o.shape[1:]) for o in out], [0] * call.n
+    return map_each(functools.partial(rope_p.bind, call=call), args, dims), [0] * call.n
+
+
+batching.primitive_batchers[rope_p] = _batch
+
+# under jax.sharding (a GPU backend): the call on each shard's local operands
+_PARTITIONED = jax_sharding.Partitioned(lambda call, *ops: tuple(rope_p.bind(*ops, call=call)),
+                                        jax_sharding.rope_rule)
+
+
+# ---------------------------------------------------------------- autodiff
+
+def _bind(call, xs, extras):
+    operands = tuple(xs) + tuple(extras)
+    xla.check_avals(call, [jax.typeof(a) for a in operands])
+    if any(hasattr(a, "batch_dim") for a in operands) or not jax_sharding.enabled():
+        # under vmap (custom_partitioning has no batching rule; the
+        # primitive's own rule applies), or on the CPU backend: not partitioned
+        return tuple(rope_p.bind(*operands, call=call))
+    return _PARTITIONED(call, *operands)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _apply(call, xs, extras):
+    return _bind(call, xs, extras)
+
+
+def _apply_fwd(call, xs, extras):
+    saved = xs[0] if call.kind == "lrpe" and call.act != "none" else None
+    return _bind(call, xs, extras), (extras, saved)
+
+
+def _apply_bwd(call, res, grads):
+    extras, saved = res
+    back = call.backward()
+    more = (saved,) if back.has_x else ()
+    dxs = _bind(back, tuple(grads), tuple(extras) + more)
+    return dxs, tuple(zero_cotangent(e) for e in extras)
+
+
+_apply.defvjp(_apply_fwd, _apply_bwd)
+
+
+# ---------------------------------------------------------------- public
+
+def _rope_call(config, xs, positions, offset, seq_offsets):
+    if not isinstance(config, RopeConfig):
+        raise TypeError(f"config must be a cuprope.RopeConfig, got {type(config).__name__}")
+    call = Call("rope", len(xs), layout=config.layout, key=config.key, offset=static_offset(offset),
+                has_pos=positions is not None, has_seq=seq_offsets is not None)
+    extras = tuple(e for e in (positions, seq_offsets) if e is not None)
+    return _apply(call, tuple(xs), extras)
+
+
+def rope(x, config: RopeConfig, *, positions=None, offset: int = 0, seq_offsets=None):
+    """Differentiable, jit-able single-tensor RoPE on JAX arrays."""
+    return _rope_call(config, (x,), positions, offset, seq_offsets)[0]
+
+
+def rope_qk(q, k, config: RopeConfig, *, positions=None, offset: int = 0, seq_offsets=None):
+    """Differentiable, jit-able fused q/k RoPE on JAX arrays. Returns (q_rot, k_rot)."""
+    return _rope_call(config, (q, k), positions, offset, seq_offsets)
+
+
+def _table_call(xs, cos, sin, layout, interleaved):
+    call = Call("table", len(xs), layout=layout, interleaved=bool(interleaved))
+    return _apply(call, tuple(xs), (cos, sin))
+
+
+def rope_table(x, cos, sin, *, layout: str = "bshd", interleaved: bool = False):
+    """``x * cos + rotate_half(x) * sin`` with the caller's tables (``cuprope.tables``)."""
+    return _table_call((x,), cos, sin, layout, interleaved)[0]
+
+
+def rope_qk_table(q, k, cos, sin, *, layout: str = "bshd", interleaved: bool = False):
+    """q and k by the caller's cos/sin tables, one launch. Returns (q_rot, k_rot)."""
+    return _table_call((q, k), cos, sin, layout, interleaved)
+
+
+def rotate_1d(x, theta, *, offset: int = 0, act: str = "none", dim=None):
+    """LRPE rotate-1d: ``rotate(act(x, dim))`` (``cuprope.lrpe``); x ``[B, N, H, D]``
+    or ``[B, N, D]``, theta concrete."""
+    if isinstance(theta, jax.core.Tracer):
+        raise TypeError("theta must be concrete under jax (a NumPy array or list): its table "
+                        "is fixed when the call is traced")
+    if x.ndim not in (3, 4):
+        raise ValueError(f"x must be [B, N, H, D] or [B, N, D], got shape {tuple(x.shape)}")
+    heads = x.shape[2] if x.ndim == 4 else 1
+    theta2 = lrpe.normalize_theta(np.asarray(theta), heads, x.shape[-1])
+    if act not in lrpe.ACTS:
+        raise ValueError(f"act must be one of {lrpe.ACTS}, got {act!r}")
+    if dim not in (None, -1, 1):
+        raise ValueError(f"dim must be None, -1 (the head dim) or 1 (the sequence dim), "
+                         f"got {dim!r}")
+    call = Call("lrpe", 1, layout="bshd" if x.ndim == 4 else "bsd", offset=static_offset(offset),
+                theta=(theta2.shape[0], theta2.tobytes()), act=act,
+                dim=None if dim is None else int(dim))
+    return _apply(call, (x,), ())[0]
