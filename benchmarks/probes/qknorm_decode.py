@@ -6,33 +6,16 @@ whichever cuprope is on the path (``PYTHONPATH=<old checkout>`` for a before).
 
     python benchmarks/probes/qknorm_decode.py
 """
+import os
+import sys
+
 import torch
 
 import cuprope
 from cuprope import qknorm
 
-
-def graph_us(fn, n=50):
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(n):
-            fn()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(11):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        torch.cuda.synchronize()
-        ts.append(a.elapsed_time(b) * 1e3 / n)
-    return sorted(ts)[len(ts) // 2]
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from kvcache_bench import graph_us  # noqa: E402
 
 
 def main():

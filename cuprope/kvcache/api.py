@@ -62,8 +62,8 @@ from .launch import angle_table, copy_packs, kv_spec, pick_kv_vec
 from .._core.loader import KV_ANGLES, KV_FP8_CACHE, KV_FP8_Q
 from ..config import RopeConfig
 from .arrays import index_info, np_view, to_host, token_geometry
-from .caches import (KV_LAYOUTS, addressing, cache_args, cache_views, is_fp8, q_out_info,
-                     scale_info)
+from .caches import (KV_LAYOUTS, addressing, addressing_fields, cache_args, cache_views, is_fp8,
+                     q_out_info, scale_info)
 from ..torch_guard import engaged
 
 __all__ = ["rope_append_kv", "KV_LAYOUTS", "token_geometry", "index_info", "to_host",
@@ -228,15 +228,7 @@ def cache_fields(vi, vst, kloc, vloc, pages, page_size, addr, scales):
               v_cache=vloc[0], kc_sp=kloc[1][0], kc_sr=kloc[1][1], kc_sh=kloc[1][2],
               vc_sp=vloc[1][0], vc_sr=vloc[1][1], vc_sh=vloc[1][2], num_pages=pages,
               page_size=page_size)
-    if "slot_mapping" in addr:
-        kv["slot_ptr"] = addr["slot_mapping"].ptr
-    else:
-        names = ("batch_indices", "cache_positions", "kv_indices", "kv_indptr")
-        kv.update(batch_ptr=addr[names[0]].ptr, cpos_ptr=addr[names[1]].ptr,
-                  indices_ptr=addr[names[2]].ptr, indptr_ptr=addr[names[3]].ptr,
-                  n_indices=addr["kv_indices"].shape[0], n_seqs=addr["kv_indptr"].shape[0] - 1,
-                  index_is64=sum(1 << i for i, n in enumerate(names)
-                                 if addr[n].dtype == "int64"))
+    kv.update(addressing_fields(addr))
     for n in ("q", "k", "v"):
         if scales[n] is not None:
             kv[f"{n}_scale"] = scales[n].ptr

@@ -161,3 +161,16 @@ def cache_views(kc, vc, kv_layout, fp8):
     if fp8:
         kview, vview = kview.view(np.uint8), vview.view(np.uint8)
     return kview, vview
+
+
+def addressing_fields(addr) -> dict:
+    """The KvArgs fields of the addressing infos ``addr`` (``addressing``'s
+    result): the slot mapping's pointer, or the paged indices' pointers,
+    sizes and which of them are int64."""
+    if "slot_mapping" in addr:
+        return {"slot_ptr": addr["slot_mapping"].ptr}
+    names = ("batch_indices", "cache_positions", "kv_indices", "kv_indptr")
+    return dict(batch_ptr=addr[names[0]].ptr, cpos_ptr=addr[names[1]].ptr,
+                indices_ptr=addr[names[2]].ptr, indptr_ptr=addr[names[3]].ptr,
+                n_indices=addr["kv_indices"].shape[0], n_seqs=addr["kv_indptr"].shape[0] - 1,
+                index_is64=sum(1 << i for i, n in enumerate(names) if addr[n].dtype == "int64"))

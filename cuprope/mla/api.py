@@ -67,7 +67,7 @@ from .._core.arrays import describe, overlaps
 from .._core.loader import KV_FP8_CACHE, KV_FP8_Q
 from ..config import LaunchCache, RopeConfig
 from ..kvcache.arrays import index_info, np_view, to_host
-from ..kvcache.caches import addressing, scale_info
+from ..kvcache.caches import addressing, addressing_fields, scale_info
 from .launch import mla_spec, pick_vec
 from .reference import rotate_pe
 
@@ -303,15 +303,7 @@ def _spec(config, a):
               kc_sp=kloc[1][0], kc_sr=kloc[1][1], vc_sp=cloc[1][0], vc_sr=cloc[1][1],
               num_pages=pages, page_size=page_size)
     addr = a["addr"]
-    if "slot_mapping" in addr:
-        kv["slot_ptr"] = addr["slot_mapping"].ptr
-    else:
-        names = ("batch_indices", "cache_positions", "kv_indices", "kv_indptr")
-        kv.update(batch_ptr=addr[names[0]].ptr, cpos_ptr=addr[names[1]].ptr,
-                  indices_ptr=addr[names[2]].ptr, indptr_ptr=addr[names[3]].ptr,
-                  n_indices=addr["kv_indices"].shape[0], n_seqs=addr["kv_indptr"].shape[0] - 1,
-                  index_is64=sum(1 << i for i, n in enumerate(names)
-                                 if addr[n].dtype == "int64"))
+    kv.update(addressing_fields(addr))
     if a["q_scale"] is not None:
         kv["q_scale"] = a["q_scale"].ptr
     if a["kv_scale"] is not None:
