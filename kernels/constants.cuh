@@ -79,4 +79,11 @@ constexpr int kDwPad = CUPROPE_QKNORM_DW_PAD;
 #endif
 constexpr int kMlaUnroll = CUPROPE_MLA_UNROLL;
 
+// The decode prologue (kernels/prologue.cuh): blocks of kThreads threads that
+// must fit an SM at once (its __launch_bounds__).
+#if !defined(CUPROPE_PROLOGUE_MIN_BLOCKS) || CUPROPE_PROLOGUE_MIN_BLOCKS < 1
+#error "CUPROPE_PROLOGUE_MIN_BLOCKS (>= 1) is defined by cuprope/_core/loader.py (compile_options)"
+#endif
+constexpr int kPrologueMinBlocks = CUPROPE_PROLOGUE_MIN_BLOCKS;
+
 }  // namespace cuprope

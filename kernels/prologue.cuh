@@ -17,14 +17,7 @@
 #include "kvcache.cuh"
 #include "qknorm.cuh"
 
-#if !defined(CUPROPE_PROLOGUE_MIN_BLOCKS)
-#error "CUPROPE_PROLOGUE_MIN_BLOCKS is defined by cuprope/_core/loader.py (TUNING_DEFAULTS)"
-#endif
-
 namespace cuprope {
-
-// Blocks of kThreads threads that must fit an SM at once (__launch_bounds__).
-constexpr int kPrologueMinBlocks = CUPROPE_PROLOGUE_MIN_BLOCKS;
 
 // The prologue's own words (host mirror PROLOGUE_ARGS in cuprope/_core/args.py).
 struct PrologueArgs {

@@ -9,7 +9,6 @@ share with the host are defined here and passed as ``-D`` options too.
 from __future__ import annotations
 
 import hashlib
-import os
 import threading
 from importlib import resources
 from pathlib import Path
@@ -33,119 +32,11 @@ def _b(flag: bool) -> str:
     return "true" if flag else "false"
 
 
-# ---------------------------------------------------------------- kernel constants
-# Every constant the kernels share with the host is defined here and reaches
-# the kernels as a -D option (compile_options); the headers keep no defaults
-# (kernels/constants.cuh stops the compile when one is missing), and the host
-# (launch.py) reads the same merged values, so the two cannot disagree.
-
-# Angle sources: the rope_kernel template's SRC (kernels kSrc*).
-SRC_SHARED, SRC_PER_HEAD, SRC_TABLE = 0, 1, 2
-# LRPE activation codes: the template's ACT (kernels kAct*); 0 is plain RoPE.
-LRPE_ACTS = {"none": 0, "relu": 1, "sigmoid": 2, "silu": 3, "softmax": 4, "softmax_seq": 5}
-# The LRPE sequence-softmax statistics pass runs blocks of (32, SEQ_SLICES)
-# threads, each row of the block a slice of the sequence (kernels kSeqSlices).
-SEQ_SLICES = 8
-
-# The KV-cache dialect (kernels/kvcache.cuh): kv_rope_kernel's angle sources
-# (SRC: computed from a RopeConfig's table, or read from a cos_sin_cache in
-# float32 or in the element type) and the bits of its FP8 parameter (q's
-# output, the k/v caches in e4m3).
-KV_ANGLES, KV_COS_SIN_F32, KV_COS_SIN_T = 0, 1, 2
-KV_FP8_Q, KV_FP8_CACHE = 1, 2
-
-CODES = {"CUPROPE_SRC_SHARED": SRC_SHARED, "CUPROPE_SRC_PER_HEAD": SRC_PER_HEAD,
-         "CUPROPE_SRC_TABLE": SRC_TABLE, "CUPROPE_SEQ_SLICES": SEQ_SLICES,
-         **{f"CUPROPE_ACT_{name.upper()}": code for name, code in LRPE_ACTS.items()},
-         "CUPROPE_KV_ANGLES": KV_ANGLES, "CUPROPE_KV_COS_SIN_F32": KV_COS_SIN_F32,
-         "CUPROPE_KV_COS_SIN_T": KV_COS_SIN_T, "CUPROPE_KV_FP8_Q": KV_FP8_Q,
-         "CUPROPE_KV_FP8_CACHE": KV_FP8_CACHE}
-
-# Tuning values, measured on an H200 (benchmarks/NOTES.md); any of them can be
-# overridden through CUPROPE_KERNEL_DEFINES (benchmarks/tune.py). By element
-# size: 16 for the 16-bit types, 32 for float32.
-TUNING_DEFAULTS = {
-    # the most threads per block of the rope, LRPE and KV-cache kernels (their
-    # __launch_bounds__, kernels kThreads; whole warps), and the warps per
-    # block the host launches them with (at most CUPROPE_THREADS / 32)
-    "CUPROPE_THREADS": 256, "CUPROPE_WARPS16": 4, "CUPROPE_WARPS32": 8,
-    # rows (heads) a lane keeps in flight per step when it loads into registers:
-    # one for 16-bit types (fewer registers, more warps resident), two for
-    # float32 (NOTES 3)
-    "CUPROPE_ROWS16": 1, "CUPROPE_ROWS32": 2,
-    # depth of the shared-memory load ring of the plain shared-angle and
-    # cos/sin-table kernels with 16-byte packs: a lane keeps this many heads
-    # minus one of its chunk in flight (NOTES 13)
-    "CUPROPE_STAGES16": 3, "CUPROPE_STAGES32": 3,
-    # token runs: rows a lane advances between exact cos/sin. kRun - 1
-    # compositions add at most ~(kRun - 1) * 1.2e-7: 1.8e-6 for 16 (under 1 %
-    # of half an ulp of fp16), 3.6e-7 for float32's 4 (its test slack is 1e-6
-    # of max|x|); 0 turns token runs off on the host
-    "CUPROPE_RUN16": 16, "CUPROPE_RUN32": 4,
-    # depth of the token runs' load ring (16-byte packs): 4 measured 1-3 %
-    # faster than 3 for the 16-bit types, and 3 than 4 for the float32
-    # backward (NOTES 22)
-    "CUPROPE_RUN_STAGES16": 4, "CUPROPE_RUN_STAGES32": 3,
-    # blocks of CUPROPE_THREADS threads that must fit an SM at once (__launch_bounds__).
-    # Plain shared-angle kernels (the hot path): 4 caps them at 64 registers
-    # with no spills, so 32 warps stay resident; the other instantiations
-    # would spill under it. Per-head kernels (plain and elementwise LRPE
-    # forward) with token runs (NOTES 22): float32 at 3 (80 registers, no
-    # spills) runs ~5 % faster than uncapped, the 16-bit forward runs best
-    # uncapped (~100 registers; caps that spill lose); the fused elementwise
-    # LRPE backward (which also loads x) gains 3-6 % at 2. The softmax
-    # kernels stay uncapped.
-    "CUPROPE_MIN_BLOCKS": 4, "CUPROPE_MIN_BLOCKS_PH16": 1, "CUPROPE_MIN_BLOCKS_PH32": 3,
-    "CUPROPE_MIN_BLOCKS_PH_BWD": 2,
-    # QK-norm (kernels/qknorm.cuh): warps per block of every QK-norm kernel
-    # (their __launch_bounds__ are 32 times it; the weight-gradient reduction
-    # sums this many slices of rows); the blocks that must fit an SM at once
-    # for the fast path (qknorm_rows_kernel and its flat entry), forward and
-    # backward; and the floats of padding after each head row of dw terms in
-    # the fast backward's shared memory (whole float4s; 4 spreads a warp's
-    # float4 accesses over all banks: kernels kDwPad)
-    "CUPROPE_QKNORM_WARPS": 8, "CUPROPE_QKNORM_MIN_BLOCKS": 3,
-    "CUPROPE_QKNORM_MIN_BLOCKS_BWD": 2, "CUPROPE_QKNORM_DW_PAD": 4,
-    # the most warp steps per token (host only, launch.MAX_STEPS): the computed
-    # angle sources, and the cos/sin-table source
-    "CUPROPE_MAX_STEPS": 3, "CUPROPE_MAX_STEPS_TABLE": 5,
-    # token runs on (1) or off (0), and a fixed token tile (0: chosen per shape; host only)
-    "CUPROPE_TOKEN_RUNS": 1, "CUPROPE_TOKEN_TILE": 0,
-    # DeepSeek MLA (kernels/mla.cuh): items (16-byte packs or rotated chunks)
-    # a lane loads before it stores, so each warp keeps that many loads in
-    # flight; and the warps per SM the host fills before a warp takes more
-    # than one row of a token (host only). Not yet tuned on a GPU.
-    "CUPROPE_MLA_UNROLL": 4, "CUPROPE_MLA_WARPS_PER_SM": 64,
-    # the decode prologue (kernels/prologue.cuh): blocks of 256 threads that
-    # must fit an SM at once. 3 (the QK-norm head-rows forward's) spills
-    # 16-88 bytes in the 16-bit head-rows instantiations (80 registers); 2
-    # spills none (96-112). Not yet timed.
-    "CUPROPE_PROLOGUE_MIN_BLOCKS": 2,
-}
-
-
-def _overrides(text: str) -> dict[str, str]:
-    """``NAME=value`` tokens of CUPROPE_KERNEL_DEFINES (a bare ``NAME``: ``-DNAME``)."""
-    out = {}
-    for tok in text.split():
-        name, _, value = tok.partition("=")
-        if name in CODES:
-            raise ValueError(f"CUPROPE_KERNEL_DEFINES: {name} is a code the host and kernels "
-                             f"share, not a tuning value")
-        out[name] = value
-    return out
-
-
-# The tuning values in effect, read once: the defaults, then
-# CUPROPE_KERNEL_DEFINES (e.g. "CUPROPE_ROWS16=2 CUPROPE_MIN_BLOCKS=3"). The
-# kernels' -D options and the host's values both come from here.
-TUNING = {**{k: str(v) for k, v in TUNING_DEFAULTS.items()},
-          **_overrides(os.environ.get("CUPROPE_KERNEL_DEFINES", ""))}
-
-
-def tuning(name: str) -> int:
-    """One tuning value in effect, as the kernels compile with it."""
-    return int(TUNING[name])
+# The constants and tuning values (constants.py), re-exported: the loader's
+# callers and the kernels' -D options read the same objects.
+from .constants import (CODES, KV_ANGLES, KV_COS_SIN_F32, KV_COS_SIN_T, KV_FP8_CACHE,  # noqa: F401
+                        KV_FP8_Q, LRPE_ACTS, SEQ_SLICES, SRC_PER_HEAD, SRC_SHARED, SRC_TABLE,
+                        TUNING, TUNING_DEFAULTS, _overrides, tuning)
 
 
 def kernel_name(dtype: str, interleaved: bool, vec: int, src: int = SRC_SHARED,
