@@ -13,6 +13,7 @@ import pytest
 
 import cuprope
 from conftest import GPU_TESTS
+from torch_helpers import gen, host_bytes, randn, sentinel, tdt  # noqa: F401 (gen: test_kvcache_cases)
 from cuprope import kvcache
 from cuprope.kvcache import api as kvcache_api
 from cuprope.kvcache import reference as kref
@@ -29,37 +30,14 @@ def _torch():
     return torch
 
 
-def tdt(name):
-    torch = _torch()
-    return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
-            "fp8": torch.float8_e4m3fn}[name]
 
 
-def gen(seed, device="cuda"):
-    """A torch generator on ``device``: the tensors it draws live there (the
-    check_append cases also run on "cpu", the NumPy backend, in
-    test_kvcache_cases.py)."""
-    g = _torch().Generator(device=device)
-    g.manual_seed(seed)
-    return g
 
 
-def randn(shape, dtype, g):
-    return _torch().randn(shape, device=g.device, generator=g).to(tdt(dtype))
 
 
-def sentinel(shape, dtype, g):
-    torch = _torch()
-    t = tdt(dtype)
-    n = int(np.prod(shape)) * torch.empty((), dtype=t).element_size()
-    raw = torch.randint(0, 256, (n,), dtype=torch.uint8, device=g.device, generator=g)
-    return raw.view(t).view(shape)
 
 
-def host_bytes(t):
-    """[..., D] tensor -> uint8 [..., D * itemsize] on the host (a copy, not a
-    view of a CPU tensor)."""
-    return t.contiguous().view(_torch().uint8).cpu().numpy().copy()
 
 
 def thd(cfg):

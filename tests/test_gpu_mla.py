@@ -17,6 +17,8 @@ import pytest
 
 import cuprope
 from conftest import GPU_TESTS
+from torch_helpers import host_bytes, randn
+from torch_helpers import sentinel as poison
 from cuprope.kvcache import reference as kref
 from cuprope.mla import rope_append_mla
 from cuprope.mla.reference import mla_reference
@@ -31,28 +33,12 @@ def _torch():
     return torch
 
 
-def tdt(name):
-    torch = _torch()
-    return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
-            "fp8": torch.float8_e4m3fn}[name]
 
 
-def randn(shape, dtype, g):
-    return _torch().randn(shape, device=g.device, generator=g).to(tdt(dtype))
 
 
-def poison(shape, dtype, g):
-    """Random bytes viewed as ``dtype`` (no element is meaningful)."""
-    torch = _torch()
-    t = tdt(dtype)
-    n = int(np.prod(shape)) * torch.empty((), dtype=t).element_size()
-    raw = torch.randint(0, 256, (n,), dtype=torch.uint8, device=g.device, generator=g)
-    return raw.view(t).view(shape)
 
 
-def host_bytes(t):
-    """[..., D] tensor -> uint8 [..., D * itemsize] on the host (a copy)."""
-    return t.contiguous().view(_torch().uint8).cpu().numpy().copy()
 
 
 def as_np(t):

@@ -14,6 +14,7 @@ import pytest
 
 import cuprope
 from conftest import GPU_TESTS
+from torch_helpers import gen, host_bytes, randn, sentinel, tdt
 from cuprope import kvcache, qknorm
 from cuprope.prologue import qk_norm_rope_append_kv, reference as pref
 
@@ -25,32 +26,14 @@ def _torch():
     return torch
 
 
-def tdt(name):
-    torch = _torch()
-    return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
-            "fp8": torch.float8_e4m3fn}[name]
 
 
-def gen(seed):
-    g = _torch().Generator(device="cuda")
-    g.manual_seed(seed)
-    return g
 
 
-def randn(shape, dtype, g):
-    return _torch().randn(shape, device="cuda", generator=g).to(tdt(dtype))
 
 
-def sentinel(shape, dtype, g):
-    torch = _torch()
-    t = tdt(dtype)
-    n = int(np.prod(shape)) * torch.empty((), dtype=t).element_size()
-    raw = torch.randint(0, 256, (n,), dtype=torch.uint8, device="cuda", generator=g)
-    return raw.view(t).view(shape)
 
 
-def host_bytes(t):
-    return t.contiguous().view(_torch().uint8).cpu().numpy().copy()
 
 
 def addressing(kind, rng, t, pages, ps):
