@@ -73,11 +73,28 @@ constexpr int kQkWarps = CUPROPE_QKNORM_WARPS;
 constexpr int kQkThreads = 32 * kQkWarps;
 constexpr int kDwPad = CUPROPE_QKNORM_DW_PAD;
 
-// DeepSeek MLA (kernels/mla.cuh): the items a lane loads before it stores.
-#if !defined(CUPROPE_MLA_UNROLL)
-#error "CUPROPE_MLA_UNROLL is defined by cuprope/_core/loader.py (compile_options)"
+// The KV-cache append (kernels/kvcache.cuh): blocks of kThreads threads that
+// must fit an SM at once (kv_rope_kernel's __launch_bounds__; 0: none
+// stated), and the same for its WIDE instantiations (many-wave grids).
+#if !defined(CUPROPE_KV_MIN_BLOCKS) || CUPROPE_KV_MIN_BLOCKS < 0 || \
+    !defined(CUPROPE_KV_WIDE_MIN_BLOCKS) || CUPROPE_KV_WIDE_MIN_BLOCKS < 0
+#error "CUPROPE_KV_(WIDE_)MIN_BLOCKS (>= 0) are defined by cuprope/_core/loader.py (compile_options)"
+#endif
+constexpr int kKvMinBlocks = CUPROPE_KV_MIN_BLOCKS;
+constexpr int kKvWideMinBlocks = CUPROPE_KV_WIDE_MIN_BLOCKS;
+
+// DeepSeek MLA (kernels/mla.cuh): the pass-through packs and the rotated
+// chunks a lane loads before it stores.
+#if !defined(CUPROPE_MLA_UNROLL) || !defined(CUPROPE_MLA_ROT_UNROLL)
+#error "CUPROPE_MLA_UNROLL / _ROT_UNROLL are defined by cuprope/_core/loader.py (compile_options)"
 #endif
 constexpr int kMlaUnroll = CUPROPE_MLA_UNROLL;
+constexpr int kMlaRotUnroll = CUPROPE_MLA_ROT_UNROLL;
+// ... and the blocks of kThreads threads that must fit an SM at once.
+#if !defined(CUPROPE_MLA_MIN_BLOCKS) || CUPROPE_MLA_MIN_BLOCKS < 1
+#error "CUPROPE_MLA_MIN_BLOCKS (>= 1) is defined by cuprope/_core/loader.py (compile_options)"
+#endif
+constexpr int kMlaMinBlocks = CUPROPE_MLA_MIN_BLOCKS;
 
 // The decode prologue (kernels/prologue.cuh): blocks of kThreads threads that
 // must fit an SM at once (its __launch_bounds__).

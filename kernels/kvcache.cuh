@@ -150,8 +150,12 @@ __device__ __forceinline__ void chunk_cos_sin(const RopeArgs& a, const KvArgs& k
 // Row roles of the warp's list: q heads, k heads, v heads.
 enum KvRole { kRoleQ = 0, kRoleK = 1, kRoleV = 2 };
 
-template <typename T, bool INTERLEAVED, int VEC, int SRC, int FP8>
-__global__ void __launch_bounds__(kThreads) kv_rope_kernel(const RopeArgs a, const KvArgs kv) {
+// WIDE: the same kernel held to kKvWideMinBlocks blocks per SM (fewer
+// registers, a few spilled, more warps resident), for grids of many waves
+// (prefill), where more warps in flight pay; decode grids take the other.
+template <typename T, bool INTERLEAVED, int VEC, int SRC, int FP8, bool WIDE>
+__global__ void __launch_bounds__(kThreads, WIDE ? kKvWideMinBlocks : kKvMinBlocks)
+    kv_rope_kernel(const RopeArgs a, const KvArgs kv) {
   constexpr bool Q8 = (FP8 & kKvFp8Q) != 0;
   constexpr bool C8 = (FP8 & kKvFp8Cache) != 0;
   static_assert(SRC == kKvAngles || FP8 == 0, "the cos_sin_cache source writes no fp8");

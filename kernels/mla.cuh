@@ -18,60 +18,75 @@
 // Work: one warp per (token, group of rows); the rows of a token are its H
 // query heads, then the latent row (k_pe and ckv). The warp's cos/sin of the
 // token's R/2 pairs are computed once into its shared-memory slice (lane j
-// computes pair j, j + 32, ...) and read by every row. The warp's rows are
-// one list of items (per row: its rotated chunks, ChunkGeometry's VEC pairs
-// in two packs, then its pass-through packs, q_nope or ckv); a lane takes
-// items lane, lane + 32, ..., kMlaUnroll of them at a time, every load of
-// a step issued before its first store, so each lane keeps kMlaUnroll
-// 16-byte loads in flight.
+// computes pair j, j + 32, ...), after its first loads are issued, and read
+// by every row. The warp's rows are
+// two lists of items: first the rows' rotated chunks (ChunkGeometry's VEC
+// pairs in two packs; q rows, then k_pe), kMlaRotUnroll per lane at a
+// time, then their pass-through packs (q_nope, then ckv), kMlaUnroll per
+// lane at a time; a lane takes items lane, lane + 32, ..., every load of a
+// step issued before its first store. The pass-through loop holds one pack
+// per item, not a chunk's two and its cos/sin, so it keeps more loads in
+// flight for its registers.
 #pragma once
 
 #include "kvcache.cuh"
 
 namespace cuprope {
 
-// One item of a warp's list: a rotated chunk (c >= 0: ChunkGeometry's
-// chunk c of the row at src + so, stored at dst + d0), a pass-through pack
-// (c == -1: VEC elements at src + so to dst + d0), or nothing (c == -2).
-// q: a query item (q_scale, Q8), else a cache item.
+// One item of a warp's list: the byte addresses its packs are loaded from
+// and stored to (the row's element 0 for a rotated chunk, the pack itself
+// for a pass-through pack), whether it is a query item (q_scale, Q8) or a
+// cache item, and, for a rotated chunk, its ChunkGeometry index c (-1: no
+// item).
 struct MlaItem {
-  long long src = 0, so = 0, dst = 0, d0 = 0;
-  int c = -2;
+  long long src = 0, dst = 0;
+  int c = -1;
   bool q = false;
 };
 
-// Item i of the warp's list: its nq query rows' items (per row: the rotated
-// chunks, then the q_nope packs), then, with the latent row, k_pe's chunks
-// and the ckv packs.
-template <int VEC>
-__device__ __forceinline__ MlaItem mla_item(const RopeArgs& a, const KvArgs& kv, const MlaArgs& m,
-                                            unsigned t, int h0, int i, int q_items, int q_total,
-                                            int rot_chunks, long long kc0, long long vc0) {
+// Rotated item i of a warp's rows: chunk c of query row r (r < nq), or of
+// the latent row's k_pe (r == nq). QS / CS: bytes per element of the query
+// outputs and of the cache (1 for e4m3); kc0: k_pe's cache row (elements).
+template <typename T, int QS, int CS>
+__device__ __forceinline__ MlaItem mla_rot_item(const RopeArgs& a, const KvArgs& kv, unsigned t,
+                                                int h0, int nq, int i, int rot_chunks,
+                                                long long kc0) {
+  constexpr int ES = sizeof(T);
   MlaItem it;
-  int c;
-  if (i < q_total) {
-    const int r = i / q_items;
+  const int r = i / rot_chunks;
+  it.c = i - r * rot_chunks;
+  it.q = r < nq;
+  if (it.q) {
     const int h = h0 + r;
-    c = i - r * q_items;
-    it.q = true;
-    if (c < rot_chunks) {
-      it.src = a.in_ptr[0], it.so = t * a.in_ss[0] + h * a.in_sh[0];
-      it.dst = a.out_ptr[0], it.d0 = t * a.out_ss[0] + h * a.out_sh[0];
-    } else {
-      const long long n = static_cast<long long>(c - rot_chunks) * VEC;
-      it.src = m.qn_ptr, it.so = t * m.qn_st + h * m.qn_sh + n;
-      it.dst = m.qno_ptr, it.d0 = t * m.qno_st + h * m.qno_sh + n;
-    }
+    it.src = a.in_ptr[0] + (t * a.in_ss[0] + h * a.in_sh[0]) * ES;
+    it.dst = a.out_ptr[0] + (t * a.out_ss[0] + h * a.out_sh[0]) * QS;
   } else {
-    c = i - q_total;
-    if (c < rot_chunks) {
-      it.src = a.in_ptr[1], it.so = t * a.in_ss[1], it.dst = kv.k_cache, it.d0 = kc0;
-    } else {
-      const long long n = static_cast<long long>(c - rot_chunks) * VEC;
-      it.src = kv.v_ptr, it.so = t * kv.v_ss + n, it.dst = kv.v_cache, it.d0 = vc0 + n;
-    }
+    it.src = a.in_ptr[1] + t * a.in_ss[1] * ES, it.dst = kv.k_cache + kc0 * CS;
   }
-  it.c = c < rot_chunks ? c : -1;
+  return it;
+}
+
+// Pass-through item i of a warp's rows: pack n of query row r's q_nope (i <
+// nq * nope_packs), else ckv's pack i - nq * nope_packs; vc0: ckv's cache
+// row (elements).
+template <typename T, int VEC, int QS, int CS>
+__device__ __forceinline__ MlaItem mla_pass_item(const KvArgs& kv, const MlaArgs& m, unsigned t,
+                                                 int h0, int nq, int i, int nope_packs,
+                                                 long long vc0) {
+  constexpr int ES = sizeof(T);
+  MlaItem it;
+  const int q_total = nq * nope_packs;
+  it.q = i < q_total;
+  if (it.q) {
+    const int r = i / nope_packs;
+    const long long n = static_cast<long long>(i - r * nope_packs) * VEC;
+    const int h = h0 + r;
+    it.src = m.qn_ptr + (t * m.qn_st + h * m.qn_sh + n) * ES;
+    it.dst = m.qno_ptr + (t * m.qno_st + h * m.qno_sh + n) * QS;
+  } else {
+    const long long n = static_cast<long long>(i - q_total) * VEC;
+    it.src = kv.v_ptr + (t * kv.v_ss + n) * ES, it.dst = kv.v_cache + (vc0 + n) * CS;
+  }
   return it;
 }
 
@@ -83,57 +98,92 @@ __device__ __forceinline__ void mla_chunk(int c, int npairs, int& e0, int& e1) {
   ChunkGeometry<INTERLEAVED, VEC>{rot, c, rot_chunks, two, cw, e0, e1, npairs, rot_chunks}();
 }
 
-// The warp's items, kMlaUnroll per lane at a time: every load of a step is
-// issued before its first store (stores may alias loads for all the compiler
-// knows), so a warp keeps kMlaUnroll 16-byte loads per lane in flight.
-template <typename T, bool INTERLEAVED, int VEC, bool Q8, bool C8>
-__device__ __forceinline__ void mla_flat_items(const RopeArgs& a, const KvArgs& kv,
-                                               const MlaArgs& m, unsigned t, int h0, int nq,
-                                               int total, long long kc0, long long vc0,
-                                               const float2* my_cs, float q_inv, float c_inv) {
+// The warp's rotated chunks (n_rot of them), kMlaRotUnroll per lane at a
+// time, every load of a step issued before its first store. The first
+// step's loads go out before the warp's cos/sin are formed (fill_cs(), then
+// a __syncwarp: the steps are warp-uniform), so the float64 angles and the
+// trig run under the first load latency instead of before it.
+template <typename T, bool INTERLEAVED, int VEC, bool Q8, bool C8, typename FillCs>
+__device__ __forceinline__ void mla_rot_items(const RopeArgs& a, const KvArgs& kv, unsigned t,
+                                              int h0, int nq, int n_rot, long long kc0,
+                                              const float2* my_cs, FillCs fill_cs, float q_inv,
+                                              float c_inv) {
+  constexpr int QS = Q8 ? 1 : sizeof(T), CS = C8 ? 1 : sizeof(T);
   const int npairs = static_cast<int>(a.rot_dim >> 1);
   const int rot_chunks = npairs / VEC;
-  const int q_items = rot_chunks + (m.qn_ptr ? static_cast<int>(m.nope_dim) / VEC : 0);
-  const int q_total = nq * q_items;
-  for (int base = threadIdx.x & 31; base < total; base += 32 * kMlaUnroll) {
+  const int lane = threadIdx.x & 31;
+  for (int b0 = 0; b0 < n_rot; b0 += 32 * kMlaRotUnroll) {
+    MlaItem it[kMlaRotUnroll];
+    Pack<T, VEC> x0[kMlaRotUnroll], x1[kMlaRotUnroll];
+    int e0[kMlaRotUnroll], e1[kMlaRotUnroll];
+#pragma unroll
+    for (int u = 0; u < kMlaRotUnroll; ++u) {
+      const int i = b0 + lane + 32 * u;
+      if (i < n_rot) it[u] = mla_rot_item<T, QS, CS>(a, kv, t, h0, nq, i, rot_chunks, kc0);
+      e0[u] = 0, e1[u] = 0;
+      if (it[u].c >= 0) {
+        mla_chunk<INTERLEAVED, VEC>(it[u].c, npairs, e0[u], e1[u]);
+        x0[u] = load_pack<T, VEC>(it[u].src, e0[u]);
+        x1[u] = load_pack<T, VEC>(it[u].src, e1[u]);
+      }
+    }
+    if (b0 == 0) {
+      fill_cs();
+      __syncwarp();
+    }
+#pragma unroll
+    for (int u = 0; u < kMlaRotUnroll; ++u) {
+      if (it[u].c < 0) continue;
+      const ChunkPairs<INTERLEAVED, VEC> pair_at{e0[u], e1[u]};
+      float2 cs[VEC];
+#pragma unroll
+      for (int v = 0; v < VEC; ++v) cs[v] = my_cs[pair_at(v)];
+      rotate_chunk<T, INTERLEAVED, VEC>(x0[u], x1[u], cs, cs + VEC / 2, 1);
+      if (it[u].q) {
+        store_as<T, Q8, VEC>(it[u].dst, e0[u], x0[u], q_inv);
+        store_as<T, Q8, VEC>(it[u].dst, e1[u], x1[u], q_inv);
+      } else {
+        store_as<T, C8, VEC>(it[u].dst, e0[u], x0[u], c_inv);
+        store_as<T, C8, VEC>(it[u].dst, e1[u], x1[u], c_inv);
+      }
+    }
+  }
+}
+
+// The warp's pass-through packs (n_pass of them: q_nope, then ckv), a copy
+// with the stores' conversion, kMlaUnroll packs per lane in flight.
+template <typename T, int VEC, bool Q8, bool C8>
+__device__ __forceinline__ void mla_pass_items(const KvArgs& kv, const MlaArgs& m, unsigned t,
+                                               int h0, int nq, int n_pass, int nope_packs,
+                                               long long vc0, float q_inv, float c_inv) {
+  constexpr int QS = Q8 ? 1 : sizeof(T), CS = C8 ? 1 : sizeof(T);
+  const int lane = threadIdx.x & 31;
+  for (int b0 = 0; b0 < n_pass; b0 += 32 * kMlaUnroll) {
     MlaItem it[kMlaUnroll];
-    Pack<T, VEC> x0[kMlaUnroll], x1[kMlaUnroll];
-    int e0[kMlaUnroll], e1[kMlaUnroll];
+    Pack<T, VEC> x[kMlaUnroll];
 #pragma unroll
     for (int u = 0; u < kMlaUnroll; ++u) {
-      const int i = base + 32 * u;
-      if (i < total) {
-        it[u] = mla_item<VEC>(a, kv, m, t, h0, i, q_items, q_total, rot_chunks, kc0, vc0);
+      const int i = b0 + lane + 32 * u;
+      if (i < n_pass) {
+        it[u] = mla_pass_item<T, VEC, QS, CS>(kv, m, t, h0, nq, i, nope_packs, vc0);
+        it[u].c = 0;
+        x[u] = load_pack<T, VEC>(it[u].src, 0);
       }
-      e0[u] = 0, e1[u] = 0;
-      if (it[u].c >= 0) mla_chunk<INTERLEAVED, VEC>(it[u].c, npairs, e0[u], e1[u]);
-      if (it[u].c >= -1) x0[u] = load_pack<T, VEC>(it[u].src, it[u].so + e0[u]);
-      if (it[u].c >= 0) x1[u] = load_pack<T, VEC>(it[u].src, it[u].so + e1[u]);
     }
 #pragma unroll
     for (int u = 0; u < kMlaUnroll; ++u) {
-      if (it[u].c < -1) continue;
-      const bool rot = it[u].c >= 0;
-      if (rot) {
-        const ChunkPairs<INTERLEAVED, VEC> pair_at{e0[u], e1[u]};
-        float2 cs[VEC];
-#pragma unroll
-        for (int v = 0; v < VEC; ++v) cs[v] = my_cs[pair_at(v)];
-        rotate_chunk<T, INTERLEAVED, VEC>(x0[u], x1[u], cs, cs + VEC / 2, 1);
-      }
+      if (it[u].c < 0) continue;
       if (it[u].q) {
-        store_as<T, Q8, VEC>(it[u].dst, it[u].d0 + e0[u], x0[u], q_inv);
-        if (rot) store_as<T, Q8, VEC>(it[u].dst, it[u].d0 + e1[u], x1[u], q_inv);
+        store_as<T, Q8, VEC>(it[u].dst, 0, x[u], q_inv);
       } else {
-        store_as<T, C8, VEC>(it[u].dst, it[u].d0 + e0[u], x0[u], c_inv);
-        if (rot) store_as<T, C8, VEC>(it[u].dst, it[u].d0 + e1[u], x1[u], c_inv);
+        store_as<T, C8, VEC>(it[u].dst, 0, x[u], c_inv);
       }
     }
   }
 }
 
 template <typename T, bool INTERLEAVED, int VEC, int FP8>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, kMlaMinBlocks)
     mla_rope_kernel(const RopeArgs a, const KvArgs kv, const MlaArgs m) {
   constexpr bool Q8 = (FP8 & kKvFp8Q) != 0;
   constexpr bool C8 = (FP8 & kKvFp8Cache) != 0;
@@ -154,24 +204,24 @@ __global__ void __launch_bounds__(kThreads)
   const long long pos = token_position(a, 0, t, 0);
   extern __shared__ float2 warp_cs[];
   float2* const my_cs = warp_cs + (threadIdx.x >> 5) * npairs;
-  const double f0 = lane < npairs ? inv_freq_at(a, 0, lane) : 0.0;
+  // the token's cos/sin into the warp's slice (lane j: pairs j, j + 32, ...)
+  auto fill_cs = [&]() {
+    for (int j = lane; j < npairs; j += 32) my_cs[j] = scaled_cos_sin(a, pos, inv_freq_at(a, 0, j));
+  };
   if (has_kv) crow.advance(kv);
-  for (int j = lane; j < npairs; j += 32) {
-    my_cs[j] = scaled_cos_sin(a, pos, j == lane ? f0 : inv_freq_at(a, 0, j));
-  }
-  __syncwarp();
   long long page = 0, prow = 0;
   const bool cached = has_kv && crow.finish(kv, page, prow);
   const float q_inv = inv_scale<Q8>(kv.q_scale, 0);
   const float c_inv = inv_scale<C8>(kv.k_scale, 0);
   const int nope_packs = m.qn_ptr ? static_cast<int>(m.nope_dim) / VEC : 0;
-  const int ckv_packs = static_cast<int>(m.ckv_dim) / VEC;
   const int nq = max(0, min(h1, hq) - h0);  // the warp's query rows
-  const int total = nq * (rot_chunks + nope_packs) + (cached ? rot_chunks + ckv_packs : 0);
-  mla_flat_items<T, INTERLEAVED, VEC, Q8, C8>(a, kv, m, t, h0, nq, total,
-                                              page * kv.kc_sp + prow * kv.kc_sr,
-                                              page * kv.vc_sp + prow * kv.vc_sr, my_cs, q_inv,
-                                              c_inv);
+  const int n_rot = (nq + (cached ? 1 : 0)) * rot_chunks;
+  const int n_pass = nq * nope_packs + (cached ? static_cast<int>(m.ckv_dim) / VEC : 0);
+  mla_rot_items<T, INTERLEAVED, VEC, Q8, C8>(a, kv, t, h0, nq, n_rot,
+                                             page * kv.kc_sp + prow * kv.kc_sr, my_cs, fill_cs,
+                                             q_inv, c_inv);
+  mla_pass_items<T, VEC, Q8, C8>(kv, m, t, h0, nq, n_pass, nope_packs,
+                                 page * kv.vc_sp + prow * kv.vc_sr, q_inv, c_inv);
 }
 
 }  // namespace cuprope

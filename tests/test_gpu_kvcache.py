@@ -191,6 +191,25 @@ def test_fused_equals_the_core_and_the_spec(dtype, cache, addressing, kv_layout)
     fused_case(dtype, cache, addressing, kv_layout)
 
 
+@pytest.mark.parametrize("dtype,cache,addressing,kv_layout", FUSED_PARAMS)
+def test_wide_instantiation_equals_the_core_and_the_spec(monkeypatch, dtype, cache, addressing,
+                                                         kv_layout):
+    """The WIDE kv_rope_kernel (held to more resident warps; prefill-sized
+    grids take it) writes what the core and the spec say, as the other
+    does: every launch takes it here (threshold 0), which is checked."""
+    from cuprope.kvcache import launch
+    monkeypatch.setattr(launch, "WIDE_WARPS_PER_SM", 0)
+    taken = []
+
+    def name(*a):
+        taken.append(a[5])
+        return kvcache_name(*a)
+    kvcache_name = launch.kv_kernel_name
+    monkeypatch.setattr(launch, "kv_kernel_name", name)
+    fused_case(dtype, cache, addressing, kv_layout)
+    assert taken and all(taken), taken
+
+
 @pytest.mark.parametrize("scheme,interleaved", SCHEME_PARAMS)
 def test_schemes_combined_kv_per_head_scales(scheme, interleaved):
     schemes_case(scheme, interleaved)

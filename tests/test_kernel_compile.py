@@ -69,13 +69,14 @@ def test_every_instantiation_compiles(arch):
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_every_kvcache_instantiation_compiles(arch):
     """The KV-cache dialect (kernels/kvcache.cu): computed angles x 4 fp8
-    combinations (3 dtypes x 2 pairings x 2 widths = 48), and the
-    cos_sin_cache source in float32 or the element type (20), and the angle
-    table's builder (RopeConfig.cache_angles)."""
+    combinations (3 dtypes x 2 pairings x 2 widths = 48), the cos_sin_cache
+    source in float32 or the element type (20), the WIDE computed-angle ones
+    at the widest packs (3 x 2 x 4 = 24), and the angle table's builder
+    (RopeConfig.cache_angles)."""
     names = _loader.kv_kernel_names()
-    assert len(names) == 48 + 20 + 1
-    assert sorted(_loader.kv_kernel_names("kvcache") + _loader.kv_kernel_names(
-        "kvcache_cos_sin")) == sorted(names)
+    assert len(names) == 48 + 20 + 24 + 1
+    assert sorted(sum((_loader.kv_kernel_names(f) for f in _loader.KV_FAMILIES), [])) == \
+        sorted(names)
     lowered, nbytes, log = _compile(arch, names, _loader.KV_ENTRY)
     assert all(lowered.values()) and len(set(lowered.values())) == len(names)
     assert nbytes > 10_000

@@ -84,11 +84,22 @@ TUNING_DEFAULTS = {
     "CUPROPE_MAX_STEPS": 3, "CUPROPE_MAX_STEPS_TABLE": 5,
     # token runs on (1) or off (0), and a fixed token tile (0: chosen per shape; host only)
     "CUPROPE_TOKEN_RUNS": 1, "CUPROPE_TOKEN_TILE": 0,
-    # DeepSeek MLA (kernels/mla.cuh): items (16-byte packs or rotated chunks)
-    # a lane loads before it stores, so each warp keeps that many loads in
-    # flight; and the warps per SM the host fills before a warp takes more
-    # than one row of a token (host only). Not yet tuned on a GPU.
-    "CUPROPE_MLA_UNROLL": 4, "CUPROPE_MLA_WARPS_PER_SM": 64,
+    # the KV-cache append (kv_rope_kernel): blocks of 256 threads that must fit
+    # an SM at once (0: none stated, the compiler's own choice, 80 registers
+    # for the bf16 width-8 kernels); the same for its WIDE instantiations (4:
+    # 64 registers, 36-52 bytes spilled, 32 warps per SM: the 16k prefill 1.29x
+    # faster, decode 0.2-0.3 us slower, NOTES 44), and the grid's warps per SM
+    # from which a launch takes them (host only)
+    "CUPROPE_KV_MIN_BLOCKS": 0, "CUPROPE_KV_WIDE_MIN_BLOCKS": 4,
+    "CUPROPE_KV_WIDE_WARPS_PER_SM": 64,
+    # DeepSeek MLA (kernels/mla.cuh): the pass-through packs (q_nope, ckv)
+    # and the rotated chunks a lane loads before it stores, so each warp
+    # keeps that many loads in flight; the blocks of 256 threads that must
+    # fit an SM at once (__launch_bounds__); and the warps per SM the host
+    # fills before a warp takes more than one row of a token (host only).
+    # (host only; CUPROPE_MLA_ROWS_PER_WARP > 0 fixes the rows per warp instead)
+    "CUPROPE_MLA_UNROLL": 4, "CUPROPE_MLA_ROT_UNROLL": 1, "CUPROPE_MLA_MIN_BLOCKS": 4,
+    "CUPROPE_MLA_WARPS_PER_SM": 48, "CUPROPE_MLA_ROWS_PER_WARP": 0,
     # the decode prologue (kernels/prologue.cuh): blocks of 256 threads that
     # must fit an SM at once. 3 (the QK-norm head-rows forward's) spills
     # 16-88 bytes in the 16-bit head-rows instantiations (80 registers); 2

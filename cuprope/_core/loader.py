@@ -143,30 +143,39 @@ def all_kernel_names(family: str | None = None) -> list[str]:
 # its own): computed angles with every fp8 combination, and the cos_sin_cache
 # source (no fp8). Widths: the widest and 1 (any alignment).
 KV_ENTRY = "kvcache.cu"
-KV_FAMILIES = ("kvcache", "kvcache_cos_sin")
+# computed angles; the cos_sin_cache sources; the computed angles' WIDE
+# instantiations (widest packs, held to more resident warps: many-wave grids),
+# compiled only when a launch first takes one
+KV_FAMILIES = ("kvcache", "kvcache_cos_sin", "kvcache_wide")
 
 
 def kv_kernel_name(dtype: str, interleaved: bool, vec: int, src: int = KV_ANGLES,
-                   fp8: int = 0) -> str:
+                   fp8: int = 0, wide: bool = False) -> str:
     """Name expression of one ``kv_rope_kernel`` instantiation: ``src`` one of
     KV_ANGLES, KV_COS_SIN_F32, KV_COS_SIN_T; ``fp8`` a sum of KV_FP8_Q and
-    KV_FP8_CACHE."""
+    KV_FP8_CACHE; ``wide`` (computed angles at the widest ``vec`` only) the
+    instantiation held to CUPROPE_KV_WIDE_MIN_BLOCKS blocks per SM."""
     if src not in (KV_ANGLES, KV_COS_SIN_F32, KV_COS_SIN_T) or fp8 not in range(4):
         raise ValueError(f"no kv_rope_kernel for src={src!r}, fp8={fp8!r}")
+    if wide and (src != KV_ANGLES or vec != lrpe_vec_widths(dtype)[0]):
+        raise ValueError(f"no wide kv_rope_kernel for src={src!r}, vec={vec!r}")
     return (f"cuprope::kv_rope_kernel<{DTYPE_CTYPES[dtype]}, {_b(interleaved)}, {vec}, "
-            f"{int(src)}, {int(fp8)}>")
+            f"{int(src)}, {int(fp8)}, {_b(wide)}>")
 
 
 KV_ANGLE_TABLE_KERNEL = "cuprope::kv_angle_table_kernel"
 
 
-def kv_family_of(src: int) -> str:
-    """The family holding kv_rope_kernel's instantiations for angle source ``src``."""
+def kv_family_of(src: int, wide: bool = False) -> str:
+    """The family holding kv_rope_kernel's instantiations for angle source
+    ``src`` (``wide``: the WIDE ones)."""
+    if wide:
+        return KV_FAMILIES[2]
     return KV_FAMILIES[0] if src == KV_ANGLES else KV_FAMILIES[1]
 
 
 def kv_kernel_names(family: str | None = None) -> list[str]:
-    """Every kv_rope_kernel instantiation (of one KV family, or both), and
+    """Every kv_rope_kernel instantiation (of one KV family, or all), and
     the angle table's builder (in the angles family)."""
     names = [KV_ANGLE_TABLE_KERNEL] if family in (None, KV_FAMILIES[0]) else []
     for dt in DTYPE_CTYPES:
@@ -177,6 +186,8 @@ def kv_kernel_names(family: str | None = None) -> list[str]:
                 if family in (None, KV_FAMILIES[1]):
                     srcs = (KV_COS_SIN_F32,) if dt == "float32" else (KV_COS_SIN_F32, KV_COS_SIN_T)
                     names += [kv_kernel_name(dt, il, v, src) for src in srcs]
+                if family in (None, KV_FAMILIES[2]) and v == lrpe_vec_widths(dt)[0]:
+                    names += [kv_kernel_name(dt, il, v, KV_ANGLES, f, True) for f in range(4)]
     return names
 
 
@@ -240,6 +251,17 @@ def kernel_dir():
         return Path(__file__).resolve().parents[2] / "kernels"
 
 
+def family_names(family: str) -> tuple[list[str], str]:
+    """A kernel family's instantiations and the translation unit holding them."""
+    if family == MLA_FAMILY:
+        return mla_kernel_names(), MLA_ENTRY
+    if family in PROLOGUE_FAMILIES:
+        return prologue_kernel_names(family), PROLOGUE_ENTRY
+    if family in KV_FAMILIES:
+        return kv_kernel_names(family), KV_ENTRY
+    return all_kernel_names(family), ENTRY
+
+
 def kernel_sources() -> dict[str, str]:
     """All ``.cu``/``.cuh`` files of the kernel folder, by name."""
     folder = kernel_dir()
@@ -286,14 +308,7 @@ class _Modules:
     def _build(device_id: int, family: str) -> dict[str, object]:
         import cupy
 
-        if family == MLA_FAMILY:
-            names, entry = mla_kernel_names(), MLA_ENTRY
-        elif family in PROLOGUE_FAMILIES:
-            names, entry = prologue_kernel_names(family), PROLOGUE_ENTRY
-        elif family in KV_FAMILIES:
-            names, entry = kv_kernel_names(family), KV_ENTRY
-        else:
-            names, entry = all_kernel_names(family), ENTRY
+        names, entry = family_names(family)
         code = kernel_sources()[entry]
         with cupy.cuda.Device(device_id):
             module = cupy.RawModule(code=code, options=compile_options(), name_expressions=names)

@@ -41,6 +41,18 @@ def copy_packs(tail, vec, needed) -> int:
     return 2 if tail % (2 * vec) == 0 else 1
 
 
+def is_wide(device, dtype, vec, src, warps) -> bool:
+    """Whether a launch of ``warps`` warps takes the WIDE instantiation: the
+    computed angles at the widest packs, in a grid of at least
+    CUPROPE_KV_WIDE_WARPS_PER_SM warps per SM (several waves: a prefill),
+    where more resident warps beat the spills that buy them (NOTES 44)."""
+    return (src == KV_ANGLES and vec == lrpe_vec_widths(dtype)[0]
+            and warps >= WIDE_WARPS_PER_SM * sm_count(device))
+
+
+WIDE_WARPS_PER_SM = tuning("CUPROPE_KV_WIDE_WARPS_PER_SM")
+
+
 def kv_spec(device, *, dtype, interleaved, vec, src, fp8, rope, kv, calls=()):
     """One ``kv_rope_kernel`` launch on ``device`` as a launcher.LaunchSpec.
 
@@ -62,8 +74,9 @@ def kv_spec(device, *, dtype, interleaved, vec, src, fp8, rope, kv, calls=()):
                                                     chunks, htot, tokens, slice_, 0,
                                                     MAX_STEPS[SRC_SHARED])
     ra = ROPE_ARGS.pack(head_groups=groups, heads_per_group=per_group, **rope)
-    return launcher.LaunchSpec(kv_kernel_name(dtype, interleaved, vec, src, fp8),
-                               kv_family_of(src), grid, block, smem,
+    wide = is_wide(device, dtype, vec, src, grid[0] * block[0] // 32)
+    return launcher.LaunchSpec(kv_kernel_name(dtype, interleaved, vec, src, fp8, wide),
+                               kv_family_of(src, wide), grid, block, smem,
                                [(ROPE_ARGS, ra), (KV_ARGS, KV_ARGS.pack(**kv))], calls, vec=vec)
 
 

@@ -19,6 +19,7 @@ WARPS = THREADS // 32
 # token (rows_per_warp): with few tokens the rows spread over many warps
 # (decode); with many, a warp takes a whole token and computes its cos/sin once.
 RESIDENT_WARPS_PER_SM = tuning("CUPROPE_MLA_WARPS_PER_SM")
+FIXED_ROWS_PER_WARP = tuning("CUPROPE_MLA_ROWS_PER_WARP")  # 0: from the warps per SM
 
 
 def pick_vec(dtype, arrays, widths) -> int:
@@ -39,6 +40,8 @@ def pick_vec(dtype, arrays, widths) -> int:
 def rows_per_warp(device, tokens, heads) -> int:
     """Rows a warp covers: enough warps to fill the GPU, at most a token's."""
     rows = heads + 1
+    if FIXED_ROWS_PER_WARP > 0:
+        return min(rows, FIXED_ROWS_PER_WARP)
     want = sm_count(device) * RESIDENT_WARPS_PER_SM
     return max(1, min(rows, -(-tokens * rows // want)))
 
