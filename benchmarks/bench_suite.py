@@ -19,6 +19,13 @@ Families (``suite_rows.FAMILIES``) and what each times beside cuprope:
 * ``kv``: RoPE + KV-cache append, bf16 / fp8 k-v / fp8 q-k-v, decode B 1 / 64 /
   256 / 1024 and a 16k prefill: copy, the unfused sequence, FlashInfer's
   ``RopeQuantizeAppendPagedKVCache`` (``kvcache_bench.run_case``);
+* ``prologue``: the decode prologue in one launch (QK-norm + RoPE + fp8 +
+  paged append), decode B 1 / 64 / 256 / 1024 and 16k prefill: copy, today's
+  two cuprope launches, the unfused chain, FlashInfer's append (no norm)
+  (``prologue_bench.run_case``);
+* ``mla``: DeepSeek MLA's RoPE + fp8 + paged latent-cache append, T 1 / 64 /
+  256 / 1024 and 16k: copy, the unfused torch sequence, FlashInfer's
+  ``RopeQuantizeAppendPagedMLACache`` (``mla_bench.run_case``);
 * ``decode``: plain RoPE in place at decode, the angle table and
   ``rotary_embedding`` (cos/sin cache): copy, FlashInfer (``decode_bench``);
 * ``host``: host µs per call against one torch ``mul_`` (``host_overhead``);
@@ -266,7 +273,8 @@ def progress(msg, t0=time.time()):
 def families():
     import suite_fused
     return {"rotation": rotation, "schemes": schemes, "ggml": ggml, "qknorm": suite_fused.qknorm,
-            "kv": suite_fused.kv, "decode": suite_fused.decode, "host": suite_fused.host,
+            "kv": suite_fused.kv, "prologue": suite_fused.prologue, "mla": suite_fused.mla,
+            "decode": suite_fused.decode, "host": suite_fused.host,
             "jax": suite_fused.jax_calls, "startup": startup}
 
 
@@ -303,8 +311,8 @@ def parse_args(argv=None):
     ap.add_argument("--quick", action="store_true",
                     help="a short run: bf16, fewer cases and repetitions")
     ap.add_argument("--only", default="", help="comma-separated families: rotation, schemes, "
-                    "ggml, qknorm, kv, decode, host, jax, startup (default: all; schemes also "
-                    "times the lrpe family)")
+                    "ggml, qknorm, kv, prologue, mla, decode, host, jax, startup (default: all; "
+                    "schemes also times the lrpe family)")
     ap.add_argument("--fi-bin", default=default_fi_bin(),
                     help="FlashInfer's fi_bench_bin (../shared/peers/README.md builds it); "
                     "FlashInfer rows are skipped with a note when it is absent")
@@ -316,7 +324,8 @@ def parse_args(argv=None):
     return ap.parse_args(argv)
 
 
-ALL = ("rotation", "schemes", "ggml", "qknorm", "kv", "decode", "host", "jax", "startup")
+ALL = ("rotation", "schemes", "ggml", "qknorm", "kv", "prologue", "mla", "decode", "host", "jax",
+       "startup")
 
 
 def main(argv=None):

@@ -46,7 +46,9 @@ DEEPSEEK_V3 = {"model_type": "deepseek_v3", "hidden_size": 7168, "num_attention_
                                 "original_max_position_embeddings": 4096}}
 
 
-def run_case(kind, b, per_req):
+def run_case(kind, b, per_req, peers=True):
+    """One row: µs of the fused call, a copy of its bytes and (``peers``) the
+    unfused sequence."""
     dev, bf, f8 = "cuda", torch.bfloat16, torch.float8_e4m3fn
     ctx = CTX if kind == "decode" else per_req
     t = b * per_req
@@ -89,22 +91,23 @@ def run_case(kind, b, per_req):
         q_nope_out.copy_(q8(q_nope, one))
         kflat.index_copy_(0, slots, q8(kr[:, 0], one).view(torch.uint8))
         cflat.index_copy_(0, slots, q8(ckv, one).view(torch.uint8))
-    row["unfused_us"] = graph_us(unfused)
     row["fused_per_copy"] = round(row["copy_us"] / row["fused_us"], 3)
-    row["speedup_vs_unfused"] = round(row["unfused_us"] / row["fused_us"], 2)
+    if peers:
+        row["unfused_us"] = graph_us(unfused)
+        row["speedup_vs_unfused"] = round(row["unfused_us"] / row["fused_us"], 2)
+    row["bytes"] = nbytes
     return row
 
 
-def flashinfer_mla_rows(path):
+def flashinfer_mla_rows(lines):
     """{tokens: row} of fi_bench_bin's ``mla_rope_quant_append`` lines."""
-    return {r["tokens"]: r for r in flashinfer_lines(path)
-            if r.get("kernel") == "mla_rope_quant_append"}
+    return {r["tokens"]: r for r in lines if r.get("kernel") == "mla_rope_quant_append"}
 
 
 def run_all(fi_bin=FI_DEFAULT):
     """Every case as a row dict (FlashInfer's figures beside ours where its
     binary is found)."""
-    fi = flashinfer_mla_rows(fi_bin)
+    fi = flashinfer_mla_rows(flashinfer_lines(fi_bin))
     rows = []
     for kind, b, per_req in CASES:
         r = run_case(kind, b, per_req)

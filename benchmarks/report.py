@@ -102,6 +102,19 @@ TARGETS = [
     ("KV append 16k prefill vs FlashInfer (its µs / ours)",
      _peer_required("kv", "flashinfer", where=lambda k: k[1].startswith("prefill")
                     and k[2] == "fp8qkv"), 1.3, ">=", ""),
+    ("Decode prologue within 1.1× FlashInfer's append without a norm (its µs / ours), every B",
+     _peer_required("prologue", "flashinfer-no-norm", where=_decode), 1 / 1.1, ">=",
+     "issue 23"),
+    ("Decode prologue vs the unfused chain (its µs / ours)",
+     _peer("prologue", "unfused"), 2.0, ">=", "issue 23"),
+    ("Decode prologue vs today's two cuprope launches (their µs / ours)",
+     _peer("prologue", "cuprope-two-launches"), 1.3, ">=", "issue 23"),
+    ("Decode prologue 16k prefill, fraction of copy",
+     _frac("prologue", where=lambda k: k[1].startswith("prefill")), 0.85, ">=", "issue 23"),
+    ("MLA append at or under FlashInfer (its µs / ours), every size",
+     _peer_required("mla", "flashinfer"), 1.0, ">=", "issue 23"),
+    ("MLA append vs the unfused torch sequence (its µs / ours)", _peer("mla", "unfused"), 2.0,
+     ">=", "issue 23"),
     ("Plain RoPE at decode ≤ FlashInfer cos/sin cache (its µs / ours), B 1–1024",
      _peer_required("decode", "flashinfer-cos-sin-cache"), 1.0, ">=", ""),
     ("Host time per call of plain RoPE at decode (in place, rotary_embedding) / one torch mul_",
@@ -175,7 +188,7 @@ def family_markdown(rows, family):
     return "\n".join(lines)
 
 
-US_FAMILIES = ("kv", "decode", "startup")
+US_FAMILIES = ("kv", "prologue", "mla", "decode", "startup")
 
 
 def _metric(family, op_rows):

@@ -16,16 +16,14 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--arch", default="sm_90")
-    ap.add_argument("--family", default="shared", help="a rope family, or kvcache / kvcache_cos_sin")
+    ap.add_argument("--family", default="shared", help="a kernel family: a rope family, kvcache / kvcache_cos_sin, mla, prologue_*")
     ap.add_argument("--defines", default="", help="CUPROPE_KERNEL_DEFINES for this report")
     args = ap.parse_args()
     os.environ["CUPROPE_KERNEL_DEFINES"] = args.defines
     import test_kernel_compile as tkc  # NVRTC driver shared with the compile test
 
     from cuprope._core import loader as _loader
-    kv = args.family in _loader.KV_FAMILIES  # the KV-cache dialect's translation unit
-    names = _loader.kv_kernel_names(args.family) if kv else _loader.all_kernel_names(args.family)
-    entry = _loader.KV_ENTRY if kv else _loader.ENTRY
+    names, entry = _loader.family_names(args.family)
     from cuda.bindings import nvrtc
     src = _loader.kernel_sources()[entry].encode()
     prog = tkc._check(nvrtc.nvrtcCreateProgram(src, entry.encode(), 0, [], []))
@@ -56,7 +54,7 @@ def main():
             spill = f"{m.group(1)}/{m.group(2)}"
         m = re.search(r"Used (\d+) registers", line)
         if m and fn:
-            short = fn.replace("cuprope::rope_kernel", "").replace("cuprope::kv_rope_kernel", "")
+            short = re.sub(r"^cuprope::\w+_kernel", "", fn)
             print(f"{short:58s} {m.group(1):>5s} {spill:>12s}")
 
 

@@ -1,6 +1,6 @@
 """bench_suite's fused-op families: each calls its measuring module
-(qknorm_bench, kvcache_bench, decode_bench, host_overhead, jax_bench,
-jax_qknorm_bench) and turns what it returns into suite_rows rows. ``ctx`` is
+(qknorm_bench, kvcache_bench, prologue_bench, mla_bench, decode_bench,
+host_overhead, jax_bench, jax_qknorm_bench) and turns what it returns into suite_rows rows. ``ctx`` is
 bench_suite.Ctx (quick mode, case / dtype filters, FlashInfer's lines)."""
 import suite_rows
 
@@ -53,7 +53,7 @@ def kv(ctx):
     modes = ("bf16", "fp8qkv") if ctx.quick else kb.MODES
     rows = []
     for kind, b, per_req in kb.CASES:
-        case = f"decode B {b}" if kind == "decode" else f"prefill {per_req}"
+        case = _case_name(kind, b, per_req)
         if not ctx.want_case(case):
             continue
         shape = f"tokens {b * per_req} Hq {kb.HQ} Hk {kb.HK} D {kb.D} page {kb.PAGE}"
@@ -75,6 +75,79 @@ def kv(ctx):
                                  shape=shape, frac_copy=f["ratio"], nbytes=f["bytes"],
                                  ratio_to="cuprope", note="fi_bench_bin, own process and copy"))
         ctx.progress(f"kv {case}")
+    return rows
+
+
+def _case_name(kind, b, per_req):
+    return f"decode B {b}" if kind == "decode" else f"prefill {per_req}"
+
+
+def prologue(ctx):
+    """The decode prologue in one launch (prologue_bench.run_case, fp8 q and
+    cache): a copy of its bytes, today's two cuprope launches, the unfused
+    chain (two torch rms_norm + rope_append_kv) and FlashInfer's fused append,
+    which has no norm (ratio: peer µs / cuprope's)."""
+    import kvcache_bench as kb
+    import prologue_bench as pb
+    fi = kb.flashinfer_rows(ctx.fi_lines())
+    rows = []
+    for kind, b, per_req in pb.CASES:
+        case = _case_name(kind, b, per_req)
+        if not ctx.want_case(case):
+            continue
+        shape = f"tokens {b * per_req} Hq {pb.HQ} Hk {pb.HK} D {pb.D} page {pb.PAGE}"
+        r = pb.run_case(kind, b, per_req)
+        g = "CUDA-graph replay of 50, median of 11"
+        rows += [make("prologue", "norm+append", case, "fp8qkv", "copy", r["copy_us"], shape=shape,
+                      nbytes=r["bytes"], note=g),
+                 make("prologue", "norm+append", case, "fp8qkv", "cuprope", r["fused_us"],
+                      shape=shape, nbytes=r["bytes"], note=g + "; qk_norm_rope_append_kv"),
+                 make("prologue", "norm+append", case, "fp8qkv", "cuprope-two-launches",
+                      r["two_launches_us"], shape=shape, ratio_to="cuprope",
+                      note=g + "; rope_qk_norm_forward then rope_append_kv"),
+                 make("prologue", "norm+append", case, "fp8qkv", "unfused", r["unfused_us"],
+                      shape=shape, ratio_to="cuprope",
+                      note=g + "; two torch rms_norm then rope_append_kv")]
+        f = fi.get(r["tokens"])
+        if f:
+            rows.append(make("prologue", "norm+append", case, "fp8qkv", "flashinfer-no-norm",
+                             f["fused_us"], shape=shape, ratio_to="cuprope",
+                             note="fi_bench_bin RopeQuantizeAppendPagedKVCache (no norm)"))
+        else:
+            rows[-1]["note"] += "; " + ctx.fi_note()
+        ctx.progress(f"prologue {case}")
+    return rows
+
+
+def mla(ctx):
+    """DeepSeek MLA's RoPE + fp8 + paged latent-cache append
+    (mla_bench.run_case): a copy of its bytes, the unfused torch sequence and
+    FlashInfer's RopeQuantizeAppendPagedMLACache (ratio: peer µs / cuprope's)."""
+    import mla_bench as mb
+    fi = mb.flashinfer_mla_rows(ctx.fi_lines())
+    rows = []
+    for kind, b, per_req in mb.CASES:
+        case = _case_name(kind, b, per_req)
+        if not ctx.want_case(case):
+            continue
+        t = b * per_req
+        shape = f"tokens {t} H {mb.H} R {mb.R} Dc {mb.N} page {mb.PAGE}"
+        r = mb.run_case(kind, b, per_req)
+        g = "CUDA-graph replay of 50, median of 11"
+        rows += [make("mla", "rope+append", case, "fp8", "copy", r["copy_us"], shape=shape,
+                      nbytes=r["bytes"], note=g),
+                 make("mla", "rope+append", case, "fp8", "cuprope", r["fused_us"], shape=shape,
+                      nbytes=r["bytes"], note=g + "; rope_append_mla"),
+                 make("mla", "rope+append", case, "fp8", "unfused", r["unfused_us"], shape=shape,
+                      ratio_to="cuprope", note=g + "; cuprope RoPE, torch fp8 casts and writes")]
+        f = fi.get(t)
+        if f:
+            rows.append(make("mla", "rope+append", case, "fp8", "flashinfer", f["us"], shape=shape,
+                             ratio_to="cuprope",
+                             note="fi_bench_bin RopeQuantizeAppendPagedMLACache"))
+        else:
+            rows[-1]["note"] += "; " + ctx.fi_note()
+        ctx.progress(f"mla {case}")
     return rows
 
 

@@ -69,6 +69,12 @@ def _rows(**v):
             ("kv", "append", "decode B 1", "fp8qkv", 1.0, v.get("kv_b1", 2.0),
              {"flashinfer": 2.4}),
             ("kv", "append", "prefill 16384", "fp8qkv", 86.0, 100.0, {"flashinfer": 140.0}),
+            ("prologue", "norm+append", "decode B 1", "fp8qkv", 1.0, v.get("pro_b1", 2.5),
+             {"flashinfer-no-norm": 2.4, "unfused": 5.6, "cuprope-two-launches": 4.0}),
+            ("prologue", "norm+append", "prefill 16384", "fp8qkv", 86.0, 100.0,
+             {"unfused": 300.0, "cuprope-two-launches": 140.0}),
+            ("mla", "rope+append", "decode B 1", "fp8", 1.0, v.get("mla_b1", 2.4),
+             {"flashinfer": 2.45, "unfused": 9.0}),
             ("decode", "rope_qk in place", "B 1", "bf16", 1.0, 1.5,
              {"flashinfer-cos-sin-cache": 1.6}),
             ("rotation", "qk_fwd", "llama3-8b", "bf16", 98.0, 100.0, {"torch-compile": 106.0}),
@@ -97,6 +103,8 @@ def test_every_target_met_on_rows_past_every_bound():
 @pytest.mark.parametrize("override, target", [
     (dict(qk_fwd=101.0), "QK-norm + RoPE forward, fraction of copy"),
     (dict(kv_b1=2.5), "KV append at decode"),
+    (dict(pro_b1=2.7), "Decode prologue within 1.1×"),
+    (dict(mla_b1=2.5), "MLA append at or under FlashInfer"),
     (dict(host=1.31), "Host time per call"),
 ])
 def test_a_row_past_its_bound_is_not_met(override, target):
@@ -170,7 +178,9 @@ def test_bench_suite_without_a_gpu_says_so(tmp_path):
     ("host_overhead", ("decode_rows", "measure", "cupy_rows")),
     ("jax_bench", ("measure", "SHAPES")),
     ("jax_qknorm_bench", ("measure", "SHAPES")),
-    ("suite_fused", ("qknorm", "kv", "decode", "host", "jax_calls")),
+    ("prologue_bench", ("run_case", "CASES", "HQ", "HK", "D", "PAGE")),
+    ("mla_bench", ("run_case", "flashinfer_mla_rows", "CASES", "H", "R", "N", "PAGE")),
+    ("suite_fused", ("qknorm", "kv", "prologue", "mla", "decode", "host", "jax_calls")),
     ("cuprope.bench", ("run_case", "run_scheme_case", "time_gpu", "cos_sin_tables", "SHAPES",
                        "SCHEME_OPS", "Row")),
 ])
@@ -248,6 +258,19 @@ def _fake_modules(monkeypatch):
     kb.flashinfer_rows = lambda lines: {r["tokens"]: r for r in lines
                                         if r.get("impl") == "flashinfer_rope_fp8_paged_append"}
     mods["kvcache_bench"] = kb
+    pb = types.SimpleNamespace(HQ=32, HK=8, D=128, PAGE=16,
+                               CASES=[("decode", 1, 1), ("prefill", 1, 16384)])
+    pb.run_case = lambda kind, b, per: dict(
+        case=kind, B=b, tokens=b * per, MB=1.0, bytes=2 ** 20, copy_us=1.0, fused_us=2.5,
+        two_launches_us=4.0, unfused_us=6.0)
+    mods["prologue_bench"] = pb
+    mb = types.SimpleNamespace(H=128, R=64, N=512, PAGE=64,
+                               CASES=[("decode", 1, 1), ("prefill", 1, 16384)])
+    mb.run_case = lambda kind, b, per: dict(case=kind, tokens=b * per, MB=1.0, bytes=2 ** 21,
+                                            copy_us=1.5, fused_us=3.0, unfused_us=12.0)
+    mb.flashinfer_mla_rows = lambda lines: {r["tokens"]: r for r in lines
+                                            if r.get("kernel") == "mla_rope_quant_append"}
+    mods["mla_bench"] = mb
     db = types.SimpleNamespace(HQ=32, HK=8, D=128, BATCHES=(1, 64))
     db.measure = lambda batches: [dict(B=b, bytes=4096 * b, copy_us=1.0, core_us=1.5,
                                        core_table_us=1.8, csc_us=1.9) for b in batches]
@@ -278,7 +301,10 @@ FI_LINES = [
      "bytes": 20480, "copy_us": 1.0, "computed_us": 1.5, "cache_us": 1.4, "cache_inplace_us": 1.6,
      "ratio_computed": 0.6, "ratio_cache": 0.7, "ratio_cache_inplace": 0.6, "err": "no error"},
     {"impl": "flashinfer_rope_fp8_paged_append", "B": 1, "tokens": 1, "Hq": 32, "Hk": 8,
-     "D": 128, "bytes": 100, "copy_us": 1.0, "fused_us": 2.4, "ratio": 0.41, "err": "no error"}]
+     "D": 128, "bytes": 100, "copy_us": 1.0, "fused_us": 2.4, "ratio": 0.41, "err": "no error"},
+    {"impl": "flashinfer", "kernel": "mla_rope_quant_append", "B": 1, "tokens": 1, "Hq": 128,
+     "rope_dim": 64, "nope_dim": 512, "page": 64, "bytes": 100, "copy_us": 1.2, "us": 2.4,
+     "ratio": 0.5, "err": "no error"}]
 
 
 @pytest.mark.parametrize("fi", [FI_LINES, []], ids=["with FlashInfer", "without FlashInfer"])
@@ -288,15 +314,16 @@ def test_suite_families_turn_measurements_into_schema_rows(monkeypatch, tmp_path
     import suite_fused
     ctx = _Ctx(fi)
     rows = []
-    for fam in (suite_fused.qknorm, suite_fused.kv, suite_fused.decode, suite_fused.host,
-                suite_fused.jax_calls):
+    for fam in (suite_fused.qknorm, suite_fused.kv, suite_fused.prologue, suite_fused.mla,
+                suite_fused.decode, suite_fused.host, suite_fused.jax_calls):
         rows += fam(ctx)
     suite_rows.finish(rows, "TEST GPU", "deadbee")
     p = tmp_path / "r.csv"
     suite_rows.write(rows, p)
     back = suite_rows.read(p)
     assert len(back) == len(rows)
-    assert {r["family"] for r in back} == {"qknorm", "kv", "decode", "host", "jax"}
+    assert {r["family"] for r in back} == {"qknorm", "kv", "prologue", "mla", "decode", "host",
+                                           "jax"}
     fwd = [r for r in back if r["family"] == "qknorm" and r["op"] == "fwd" and
            r["impl"] == "cuprope"]
     assert fwd[0]["frac_copy"] == pytest.approx(0.9) and fwd[0]["us"] == pytest.approx(100.0)
@@ -307,13 +334,21 @@ def test_suite_families_turn_measurements_into_schema_rows(monkeypatch, tmp_path
     st = {e["target"]: e for e in report.evaluate(back)}
     kv = next(e for t, e in st.items() if t.startswith("KV append at decode"))
     dec = next(e for t, e in st.items() if t.startswith("Plain RoPE at decode"))
+    pro = next(e for t, e in st.items() if t.startswith("Decode prologue within"))
+    two = next(e for t, e in st.items() if t.startswith("Decode prologue vs today"))
+    mla = next(e for t, e in st.items() if t.startswith("MLA append at or under"))
+    mla_unf = next(e for t, e in st.items() if t.startswith("MLA append vs the unfused"))
+    assert two["status"] == "met" and two["value"] == pytest.approx(4.0 / 2.5)
+    assert mla_unf["status"] == "met" and mla_unf["value"] == pytest.approx(4.0)
     if fi:
+        assert pro["status"] == "met" and pro["value"] == pytest.approx(2.4 / 2.5)
+        assert mla["status"] == "not met" and mla["value"] == pytest.approx(2.4 / 3.0)
         assert kv["status"] == "met" and kv["value"] == pytest.approx(1.2)
         assert dec["status"] == "incomplete"  # fi_bench_bin has B 1, not B 64
         assert any(r["impl"] == "flashinfer" and r["frac_copy"] == pytest.approx(0.41)
                    for r in back)
     else:
-        assert kv["status"] == dec["status"] == "no data"
+        assert kv["status"] == dec["status"] == pro["status"] == mla["status"] == "no data"
         assert not any(r["impl"].startswith("flashinfer") for r in back)
         assert any("FlashInfer not run" in r["note"] for r in back if r["family"] == "kv")
 
