@@ -356,8 +356,10 @@ def test_qknorm_flat_entries_compile_without_new_spills():
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_every_mla_instantiation_compiles(arch):
     """DeepSeek MLA (kernels/mla.cu): 3 dtypes x 2 pairings x 2 widths x 4
-    fp8 combinations = 48 instantiations, no spills (ptxas also reports the
-    KV dialect's angle-table builder, which kvcache.cuh defines)."""
+    fp8 combinations = 48 instantiations (ptxas also reports the KV
+    dialect's angle-table builder, which kvcache.cuh defines). Held to 64
+    registers (CUPROPE_MLA_MIN_BLOCKS 4), at most the 16 16-bit width-8 ones
+    spill, and little (NOTES 44: more resident warps beat the spill)."""
     names = _loader.mla_kernel_names()
     assert len(names) == 48 and len(set(names)) == 48
     rc, log, prog = _build(arch, names, _loader.compile_options() + ("-Xptxas=-v",),
@@ -369,4 +371,5 @@ def test_every_mla_instantiation_compiles(arch):
     spills = [tuple(map(int, m)) for m in re.findall(
         r"(\d+) bytes spill stores, (\d+) bytes spill loads", log.replace("\0", ""))]
     assert len(spills) >= 48  # ptxas reported every function
-    assert set(spills) == {(0, 0)}, spills
+    spilled = [sp for sp in spills if sp != (0, 0)]
+    assert len(spilled) <= 16 and all(st <= 32 and ld <= 96 for st, ld in spilled), spills
