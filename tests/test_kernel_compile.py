@@ -332,11 +332,13 @@ def test_qknorm_flat_entries_compile_without_new_spills():
     # loads them from shared memory into registers; since the prefetch of the
     # next unit, NOTES 33, the lanes also hold two units' packs). Measured with
     # NVRTC 13.5 here and the device's NVRTC: forward 20/28 bytes, interleaved
-    # forward 64/120 and 76/116, backward 68/180; the bounds leave room for
-    # another compiler's choices, not for a new spill of the struct's fields.
+    # forward 64/120 and 76/116, backward 68/180; session 9's device NVRTC gave
+    # the fp16 forward 48/84 from PTX identical to session 8's (ptx_diff); the
+    # bounds leave room for another compiler's choices, not for a new spill of
+    # the struct's fields.
     expected = {}
     for dt in ("float16", "bfloat16"):
-        expected[_loader.qknorm_flat_kernel_name(dt, False, 8, False)] = (48, 64)
+        expected[_loader.qknorm_flat_kernel_name(dt, False, 8, False)] = (64, 128)
         expected[_loader.qknorm_flat_kernel_name(dt, True, 8, False)] = (128, 192)
         expected[_loader.qknorm_flat_kernel_name(dt, True, 8, True)] = (128, 256)
     for flat, by_value in pairs.items():
