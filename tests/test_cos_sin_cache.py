@@ -232,3 +232,39 @@ def test_gpu_device_argument_returns_cupy():
     assert isinstance(got, cupy.ndarray) and got.device.id == 0 and got.dtype == cupy.float32
     np.testing.assert_allclose(cupy.asnumpy(got), formula(cfg.inv_freq, 1.0, 256), rtol=0,
                                atol=1.5e-7)
+
+
+@NEEDS_TORCH
+def test_torch_compile_traces_rotary_embedding_as_its_custom_op():
+    """cuprope.torch.rotary_embedding under torch.compile(fullgraph=True) is
+    the custom op cuprope::rotary_embedding in the graph (no graph break),
+    and rotates in place exactly as the eager call (CPU tensors: the NumPy
+    backend behind the op)."""
+    import torch
+
+    import cuprope.torch as ctorch
+    g = torch.Generator().manual_seed(5)
+    t, d = 9, 32
+    q, k = torch.randn(t, 4 * d, generator=g), torch.randn(t, 2 * d, generator=g)
+    pos = torch.randint(0, 64, (t,), generator=g)
+    ang = torch.arange(64, dtype=torch.float64)[:, None] * 10000.0 ** (
+        -torch.arange(d // 2, dtype=torch.float64) / (d // 2))
+    table = torch.cat((ang.cos(), ang.sin()), 1).float()
+    q0 = q.clone()
+    want_q, want_k = q.clone(), k.clone()
+    ctorch.rotary_embedding(pos, want_q, want_k, d, table, True)
+    assert not torch.equal(want_q, q0)
+    seen = []
+
+    def backend(gm, example_inputs):
+        seen.extend(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
+        return gm.forward
+
+    def step(p, a, b, c):
+        ctorch.rotary_embedding(p, a, b, d, c, True)
+        return a + 0, b + 0
+
+    got_q, got_k = torch.compile(step, backend=backend, fullgraph=True)(pos, q, k, table)
+    assert any("cuprope.rotary_embedding" in s for s in seen), seen
+    assert torch.equal(got_q, want_q) and torch.equal(got_k, want_k)
+    assert torch.equal(q, want_q)  # in place

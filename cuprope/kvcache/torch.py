@@ -41,10 +41,12 @@ def rotary_embedding(positions: torch.Tensor, query: torch.Tensor, key: Optional
     inference op). See ``cuprope.cos_sin_cache`` for the semantics. Under
     ``torch.compile`` it is the custom op ``cuprope::rotary_embedding``
     (mutating query and key)."""
-    if torch.compiler.is_compiling():
+    if not engaged(query, key):  # the common case first: no grad, not traced
+        rotate_by_cache(positions, query, key, head_size, cos_sin_cache, is_neox, False, None)
+    elif torch.compiler.is_compiling():
         _rotary_embedding_op(positions, query, key, int(head_size), cos_sin_cache, bool(is_neox))
-        return
-    _in_place(positions, query, key, head_size, cos_sin_cache, is_neox)
+    else:
+        _in_place(positions, query, key, head_size, cos_sin_cache, is_neox)
 
 
 def _in_place(positions, query, key, head_size, cos_sin_cache, is_neox):
