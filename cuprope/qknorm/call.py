@@ -27,11 +27,7 @@ def forward_call(q, k, config, out, inplace, stream, *, q_weight, k_weight, eps,
              weight_offset, order, norm_over, rounding, tables, positions, offset, seq_offsets):
     """``rope_qk_norm_forward`` with no torch guard (``cuprope.qknorm.api``
     documents it): the fast path, else ``QkNormCall`` on the host or GPU."""
-    # tables exclude positions, seq_offsets and an offset (the key covers only the tables)
-    fast = (out is None and stream is None and isinstance(config, RopeConfig)
-            and (tables is None or (isinstance(tables, (tuple, list)) and len(tables) == 2
-                                    and positions is None and seq_offsets is None
-                                    and type(offset) is int and offset == 0)))
+    fast = out is None and _fast_settings(config, tables, positions, seq_offsets, offset, stream)
     tkt = None
     if fast:
         header, arrays = fast_signature(q, k, q_weight, k_weight, eps, norm, weight_offset,
@@ -53,6 +49,16 @@ def forward_call(q, k, config, out, inplace, stream, *, q_weight, k_weight, eps,
         tkt = fastpath.ticket(fastpath.fast_adapter(c.infos[0].kind), header, arrays,
                               _INPLACE_PAIRS if inplace else ())
     return c.gpu(out_infos, stream, backward=False, ticket=tkt)[:2]
+
+
+def _fast_settings(config, tables, positions, seq_offsets, offset, stream):
+    """Whether a call may take (and register) a fast path: no stream=, a
+    RopeConfig, and tables only alone (the key covers the tables, not
+    positions, seq_offsets or an offset beside them)."""
+    return (stream is None and isinstance(config, RopeConfig)
+            and (tables is None or (isinstance(tables, (tuple, list)) and len(tables) == 2
+                                    and positions is None and seq_offsets is None
+                                    and type(offset) is int and offset == 0)))
 
 
 # The arrays a fast-path key covers: q, k, the weights, positions and
@@ -100,9 +106,66 @@ def _fast_forward(config, header, arrays, offset, inplace):
     return res
 
 
+class BackwardLaunch:
+    """What a repeated backward replays (its fast-path entry): the QK-norm
+    kernel's plan (``rows``), the weight gradients' reductions ((index, plan)
+    each, Plan.run(stream, out, part)) and the floats of its partial-sum
+    workspace (``part_n``, 0 without weights)."""
+
+    __slots__ = ("device", "align", "rows", "dws", "part_n")
+
+    def __init__(self, rows, dws, part_n):
+        self.device, self.align, self.rows = rows.device, rows.align, rows
+        self.dws, self.part_n = tuple(dws), part_n
+
+
+def _fast_backward(config, header, arrays, offset):
+    """(dq, dk, dq_weight, dk_weight) of a backward whose launches were
+    registered before (arrays: q, k, grad_q, grad_k, the weights, then
+    positions and seq_offsets or the tables), or None."""
+    if type(offset) is not int or not -validate.MAX_POSITION <= offset <= validate.MAX_POSITION:
+        return None
+    fw = fastpath.adapter_of(arrays[0])
+    if fw is None:
+        return None
+    tkt = fastpath.ticket(fw, header, arrays)
+    if tkt is None:
+        return None
+    try:
+        hit = fastpath.lookup(config._launches.fast, tkt[0], tkt[1], fw[4])
+    except TypeError:  # an unhashable setting: the general path says what is wrong
+        return None
+    if hit is None:
+        return None
+    p = tkt[1]
+    dq, dk = fw[2](arrays[2]), fw[2](arrays[3])
+    o0, o1 = fw[1](dq), fw[1](dk)
+    if (o0 | o1) % hit.align:
+        return None
+    stream = fw[3](hit.device)
+    part = qknorm_launch.workspace(hit.device, stream, hit.part_n).data.ptr if hit.part_n else 0
+    hit.rows.run(stream, p[2], p[3], o0, o1, p[4], p[5], p[6], p[7], offset, p[0], p[1], part)
+    dws = [None, None]
+    for i, plan in hit.dws:
+        dws[i] = fw[2](arrays[4 + i])
+        plan.run(stream, fw[1](dws[i]), part)
+    return dq, dk, dws[0], dws[1]
+
+
 def backward_call(q, k, grad_q, grad_k, config, out, stream, *, q_weight, k_weight, eps, norm,
               weight_offset, order, norm_over, rounding, tables, positions, offset, seq_offsets):
-    """``rope_qk_norm_backward`` with no torch guard (``cuprope.qknorm.api``)."""
+    """``rope_qk_norm_backward`` with no torch guard (``cuprope.qknorm.api``):
+    the fast path, else ``QkNormCall`` on the host or GPU."""
+    fast = out is None and _fast_settings(config, tables, positions, seq_offsets, offset, stream)
+    if fast:
+        header, arrays = fast_signature(q, k, q_weight, k_weight, eps, norm, weight_offset,
+                                        order, norm_over, rounding, tables, positions,
+                                        seq_offsets, False)
+        header, arrays = ("qknb",) + header[1:], arrays[:2] + (grad_q, grad_k) + arrays[2:]
+        if config._launches.fast:
+            res = _fast_backward(config, header, arrays, offset)
+            if res is not None:
+                return res
     c = QkNormCall.of(q, k, grad_q, grad_k, config, q_weight, k_weight, eps, norm,
                       weight_offset, order, norm_over, rounding, tables, positions, offset,
                       seq_offsets)
@@ -114,7 +177,9 @@ def backward_call(q, k, grad_q, grad_k, config, out, stream, *, q_weight, k_weig
         return (dq, dk) + c.zero_weight_grads()
     if c.device < 0:
         return c.host_backward(out_infos)
-    return c.gpu(out_infos, stream, backward=True)
+    tkt = fastpath.ticket(fastpath.fast_adapter(c.infos[0].kind), header, arrays) if fast \
+        else None
+    return c.gpu(out_infos, stream, backward=True, ticket=tkt)
 
 
 def _choice(value, name, allowed):
@@ -328,23 +393,31 @@ class QkNormCall:
                   *(0 if w is None else w.ptr for w in self.winfos), *idx, self.offset,
                   self.infos[0].ptr, self.infos[1].ptr, part_ptr)
         launcher.on_device(self.device, plan.run, stream_ptr, *values)
-        if ticket is not None:
+        dws, dw_plans = self._reduce(part_ptr, geo, stream_ptr) if backward else ([None] * 2, ())
+        if ticket is not None and not backward:
             spans = [fastpath.span(i) for i in (*self.infos, *self.winfos)] + (
                 [fastpath.span(t) for t in self.tables[:2]] if self.tables else
                 [fastpath.span(self.pos_info), fastpath.span(self.seq_info)])
             fastpath.remember(self.config._launches.fast, ticket, spans, plan)
-        dws = self._reduce(part_ptr, geo, stream_ptr) if backward else [None, None]
+        elif ticket is not None:  # (new outputs: no pair of arrays to check for overlap)
+            fastpath.remember(self.config._launches.fast, ticket, (),
+                              BackwardLaunch(plan, dw_plans, geo.part_rows * geo.part_cols
+                                             if geo.part_cols else 0))
         outs = engine.hand_back(ins, out_infos, stream_ptr)
         return outs + tuple(dws)
 
     def _reduce(self, part_ptr, geo, stream_ptr):
-        dws = [None, None]
+        """The weight gradients (None where no weight) and their reductions'
+        (index, plan) pairs, launched."""
+        dws, plans = [None, None], []
         outs = [None if w is None else empty_like(w) for w in self.winfos]
         ptrs = [0 if o is None else describe(o, "dw").ptr for o in outs]
         for i, spec in qknorm_launch.dw_specs(self, geo, part_ptr=part_ptr, out_ptrs=ptrs):
-            launcher.on_device(self.device, launcher.plan(spec, self.device).run, stream_ptr)
+            p = launcher.plan(spec, self.device)
+            launcher.on_device(self.device, p.run, stream_ptr, ptrs[i], part_ptr)
+            plans.append((i, p))
             dws[i] = wrap_like(self.winfos[i], outs[i])
         if self.infos[0].kind == "jax":
             import cupy
             cupy.cuda.runtime.streamSynchronize(stream_ptr)
-        return dws
+        return dws, plans

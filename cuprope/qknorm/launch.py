@@ -195,13 +195,18 @@ def spec(call, ins, out_infos, geo, *, inv_freq_ptr, stream_map_ptr, part_ptr) -
                       align=max(geo.vec, 1) * loader.ITEMSIZE[geo.dtype])
 
 
+# The per-call words of a weight-gradient reduction: Plan.run(stream, out_ptr, part_ptr).
+DW_CALLS = (("out_ptr", 0, 0), ("part_ptr", 1, 0))
+
+
 def dw_specs(call, geo, *, part_ptr=0, out_ptrs=(0, 0), out_dtype=None):
     """The weight-gradient reductions of a backward launched as ``geo``: per
     weight (q's, then k's; absent ones left out), (tensor index, the
     LaunchSpec of qknorm_dw_kernel summing the partial rows at ``part_ptr``
     into the weight gradient at ``out_ptrs[i]``, in ``out_dtype`` (default:
-    the weight's dtype; "float32" for partial sums reduced later)). Blocks of
-    THREADS threads, one column per lane."""
+    the weight's dtype; "float32" for partial sums reduced later); its
+    Plan.run takes DW_CALLS' values, the output and the partial rows). Blocks
+    of THREADS threads, one column per lane."""
     out, wlen = [], weight_lengths(call)
     for i, w in enumerate(call.winfos):
         if w is None:
@@ -210,7 +215,7 @@ def dw_specs(call, geo, *, part_ptr=0, out_ptrs=(0, 0), out_dtype=None):
                                 col0=0 if i == 0 else wlen[0], cols=wlen[i], out_ptr=out_ptrs[i],
                                 out_dtype=W_DTYPE[out_dtype or w.dtype])
         out.append((i, LaunchSpec(loader.QKNORM_DW_KERNEL, "qknorm", (-(-wlen[i] // 32), 1, 1),
-                                  (THREADS, 1, 1), 0, [(args.DW_ARGS, raw)])))
+                                  (THREADS, 1, 1), 0, [(args.DW_ARGS, raw)], DW_CALLS)))
     return out
 
 
