@@ -83,7 +83,10 @@ def rope_qk_norm_backward(q, k, grad_q, grad_k, config, *, q_weight=None, k_weig
     arguments, from the saved inputs ``q``, ``k`` (before the norm) and the
     incoming ``grad_q``, ``grad_k`` (shaped like q, k). The weight gradients
     (None without a weight) sum over every token and head in a fixed order
-    (the same bits on every run), in the weight's dtype. ``out=(dq, dk)``."""
+    (the same bits on every run), in the weight's dtype. ``out=(dq, dk)``.
+
+    A repeated call (no out=, no stream=) whose arrays and settings match a
+    previous validated call's reuses its launches (cuprope/_core/fastpath.py)."""
     kw = dict(q_weight=q_weight, k_weight=k_weight, eps=eps, norm=norm,
               weight_offset=weight_offset, order=order, norm_over=norm_over, rounding=rounding,
               tables=tables, positions=positions, offset=offset, seq_offsets=seq_offsets)
