@@ -276,6 +276,45 @@ def test_qknorm_fast_forward_runs_the_registered_plan_with_the_call_values(monke
     assert len(plan.runs) == 1 and not torch.equal(res[0], q)
 
 
+def test_qknorm_fast_backward_runs_its_registered_launches_with_the_call_values(monkeypatch):
+    """cuprope.qknorm's backward fast path (CPU tensors let in by a CPU
+    adapter): the registered BackwardLaunch runs the kernel's plan with
+    (grad_q, grad_k, dq, dk, weights, positions, seq_offsets, offset, q, k,
+    workspace) and each weight's reduction with (its new gradient, the
+    workspace); a weight left out gets None; other settings are not taken."""
+    import cuprope
+    from cuprope import qknorm
+    from cuprope.qknorm import fast as qfast
+    from cuprope.qknorm import launch as qlaunch
+    fw = _fw()
+    monkeypatch.setitem(fastpath._FAST, "torch", fw)
+    ws = type("Ws", (), {"data": type("D", (), {"ptr": 4242})()})()
+    asked = []
+    monkeypatch.setattr(qlaunch, "workspace", lambda dev, st, n: asked.append((dev, st, n)) or ws)
+    cfg = cuprope.RopeConfig(64)
+    q, k = torch.randn(1, 1, 4, 64), torch.randn(1, 1, 2, 64)
+    gq, gk = torch.randn_like(q), torch.randn_like(k)
+    w, pos = torch.randn(64), torch.tensor([[7]], dtype=torch.int32)
+    header, arrays = qknorm.fast_signature(q, k, w, None, 1e-6, "rms", 0.0, "norm_then_rope",
+                                           "head", "exact", None, pos, None, False)
+    header, arrays = ("qknb",) + header[1:], arrays[:2] + (gq, gk) + arrays[2:]
+    rows, dw = Payload(), Payload()
+    rows.align = 16
+    fastpath.remember(cfg._launches.fast, fastpath.ticket(fw, header, arrays), (),
+                      qfast.BackwardLaunch(rows, [(0, dw)], 640))
+    dq, dk, dwq, dwk = qknorm.rope_qk_norm_backward(q, k, gq, gk, cfg, q_weight=w, positions=pos,
+                                                    offset=5)
+    (stream, values), = rows.runs
+    assert stream == 1000 and asked == [(0, 1000, 640)]
+    assert values == [gq.data_ptr(), gk.data_ptr(), dq.data_ptr(), dk.data_ptr(), w.data_ptr(),
+                      0, pos.data_ptr(), 0, 5, q.data_ptr(), k.data_ptr(), 4242]
+    assert dw.runs == [(1000, [dwq.data_ptr(), 4242])] and dwk is None
+    assert dq.shape == gq.shape and dwq.shape == w.shape and dwq.dtype == w.dtype
+    # another eps: the general path (the host backend here), nothing replayed
+    qknorm.rope_qk_norm_backward(q, k, gq, gk, cfg, q_weight=w, positions=pos, eps=1e-5)
+    assert len(rows.runs) == 1
+
+
 @pytest.mark.parametrize("act,backward", [("none", False), ("none", True), ("silu", False),
                                           ("silu", True), ("softmax", False)])
 def test_lrpe_launch_writes_its_call_values(monkeypatch, act, backward):

@@ -4,7 +4,9 @@
   semantics and dtypes in its docstring), the public functions with their
   torch guard;
 * ``call.py``: the call beneath them, unguarded (``QkNormCall``: validation,
-  the NumPy backend, the GPU launch; the fast path), which the adapters use;
+  the NumPy backend, the GPU launch), which the adapters use;
+* ``fast.py``: its fast paths (a repeated forward or backward replays its
+  launches);
 * ``reference.py``: its float64 NumPy reference (and HF's roundings);
 * ``launch.py``: its launch specs for the one launcher (forward, backward,
   weight-gradient reduction) and the JAX lowering's plan;
@@ -14,6 +16,7 @@
   :mod:`cuprope.jax`.
 """
 from .api import rope_qk_norm_backward, rope_qk_norm_forward
-from .call import NORM_OVER, NORMS, ORDERS, QkNormCall, fast_signature
+from .call import NORM_OVER, NORMS, ORDERS, QkNormCall
+from .fast import fast_signature
 
 __all__ = ["rope_qk_norm_forward", "rope_qk_norm_backward", "QkNormCall"]

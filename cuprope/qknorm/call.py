@@ -13,6 +13,8 @@ from . import reference as qref
 from .. import reference
 from .._core import engine, fastpath, host, launcher, validate
 from . import launch as qknorm_launch
+from .fast import (INPLACE_PAIRS, BackwardLaunch, fast_backward, fast_forward, fast_settings,
+                   fast_signature)
 from .._core.arrays import describe, empty_like, overlaps, wrap_like
 from .._core.launch import sm_count
 from .._core.layout import canon_sizes, to_canon
@@ -27,14 +29,14 @@ def forward_call(q, k, config, out, inplace, stream, *, q_weight, k_weight, eps,
              weight_offset, order, norm_over, rounding, tables, positions, offset, seq_offsets):
     """``rope_qk_norm_forward`` with no torch guard (``cuprope.qknorm.api``
     documents it): the fast path, else ``QkNormCall`` on the host or GPU."""
-    fast = out is None and _fast_settings(config, tables, positions, seq_offsets, offset, stream)
+    fast = out is None and fast_settings(config, tables, positions, seq_offsets, offset, stream)
     tkt = None
     if fast:
         header, arrays = fast_signature(q, k, q_weight, k_weight, eps, norm, weight_offset,
                                         order, norm_over, rounding, tables, positions,
                                         seq_offsets, inplace)
         if config._launches.fast:
-            res = _fast_forward(config, header, arrays, offset, inplace)
+            res = fast_forward(config, header, arrays, offset, inplace)
             if res is not None:
                 return res
     c = QkNormCall.of(q, k, None, None, config, q_weight, k_weight, eps, norm, weight_offset,
@@ -47,123 +49,22 @@ def forward_call(q, k, config, out, inplace, stream, *, q_weight, k_weight, eps,
         return c.host_forward(out_infos)
     if fast:
         tkt = fastpath.ticket(fastpath.fast_adapter(c.infos[0].kind), header, arrays,
-                              _INPLACE_PAIRS if inplace else ())
+                              INPLACE_PAIRS if inplace else ())
     return c.gpu(out_infos, stream, backward=False, ticket=tkt)[:2]
-
-
-def _fast_settings(config, tables, positions, seq_offsets, offset, stream):
-    """Whether a call may take (and register) a fast path: no stream=, a
-    RopeConfig, and tables only alone (the key covers the tables, not
-    positions, seq_offsets or an offset beside them)."""
-    return (stream is None and isinstance(config, RopeConfig)
-            and (tables is None or (isinstance(tables, (tuple, list)) and len(tables) == 2
-                                    and positions is None and seq_offsets is None
-                                    and type(offset) is int and offset == 0)))
-
-
-# The arrays a fast-path key covers: q, k, the weights, positions and
-# seq_offsets (or cos and sin); in place, q and k are written while all of
-# them are read (the general path checks those overlaps).
-_INPLACE_PAIRS = tuple((i, j) for i in (0, 1) for j in range(i + 1, 6))
-
-
-def fast_signature(q, k, q_weight, k_weight, eps, norm, weight_offset, order, norm_over,
-                   rounding, tables, positions, seq_offsets, inplace):
-    """(header, arrays) of a forward's fast-path key: the settings (types too,
-    so True never passes for 1) and the arrays it covers."""
-    header = ("qkn", fastpath.get_ident(), type(eps), eps, norm, type(weight_offset),
-              weight_offset, order, norm_over, rounding, tables is None, bool(inplace))
-    return header, (q, k, q_weight, k_weight) + (
-        (positions, seq_offsets) if tables is None else tuple(tables))
-
-
-def _fast_forward(config, header, arrays, offset, inplace):
-    """(q_out, k_out) of a forward whose launch was registered before, or None."""
-    if type(offset) is not int or not -validate.MAX_POSITION <= offset <= validate.MAX_POSITION:
-        return None
-    fw = fastpath.adapter_of(arrays[0])
-    if fw is None:
-        return None
-    tkt = fastpath.ticket(fw, header, arrays)
-    if tkt is None:
-        return None
-    try:
-        plan = fastpath.lookup(config._launches.fast, tkt[0], tkt[1], fw[4])
-    except TypeError:  # an unhashable setting: the general path says what is wrong
-        return None
-    if plan is None:
-        return None
-    p = tkt[1]
-    if inplace:
-        res = arrays[:2]
-        o0, o1 = p[0], p[1]
-    else:
-        res = (fw[2](arrays[0]), fw[2](arrays[1]))
-        o0, o1 = fw[1](res[0]), fw[1](res[1])
-        if (o0 | o1) % plan.align:
-            return None
-    plan.run(fw[3](plan.device), p[0], p[1], o0, o1, p[2], p[3], p[4], p[5], offset)
-    return res
-
-
-class BackwardLaunch:
-    """What a repeated backward replays (its fast-path entry): the QK-norm
-    kernel's plan (``rows``), the weight gradients' reductions ((index, plan)
-    each, Plan.run(stream, out, part)) and the floats of its partial-sum
-    workspace (``part_n``, 0 without weights)."""
-
-    __slots__ = ("device", "align", "rows", "dws", "part_n")
-
-    def __init__(self, rows, dws, part_n):
-        self.device, self.align, self.rows = rows.device, rows.align, rows
-        self.dws, self.part_n = tuple(dws), part_n
-
-
-def _fast_backward(config, header, arrays, offset):
-    """(dq, dk, dq_weight, dk_weight) of a backward whose launches were
-    registered before (arrays: q, k, grad_q, grad_k, the weights, then
-    positions and seq_offsets or the tables), or None."""
-    if type(offset) is not int or not -validate.MAX_POSITION <= offset <= validate.MAX_POSITION:
-        return None
-    fw = fastpath.adapter_of(arrays[0])
-    if fw is None:
-        return None
-    tkt = fastpath.ticket(fw, header, arrays)
-    if tkt is None:
-        return None
-    try:
-        hit = fastpath.lookup(config._launches.fast, tkt[0], tkt[1], fw[4])
-    except TypeError:  # an unhashable setting: the general path says what is wrong
-        return None
-    if hit is None:
-        return None
-    p = tkt[1]
-    dq, dk = fw[2](arrays[2]), fw[2](arrays[3])
-    o0, o1 = fw[1](dq), fw[1](dk)
-    if (o0 | o1) % hit.align:
-        return None
-    stream = fw[3](hit.device)
-    part = qknorm_launch.workspace(hit.device, stream, hit.part_n).data.ptr if hit.part_n else 0
-    hit.rows.run(stream, p[2], p[3], o0, o1, p[4], p[5], p[6], p[7], offset, p[0], p[1], part)
-    dws = [None, None]
-    for i, plan in hit.dws:
-        dws[i] = fw[2](arrays[4 + i])
-        plan.run(stream, fw[1](dws[i]), part)
-    return dq, dk, dws[0], dws[1]
 
 
 def backward_call(q, k, grad_q, grad_k, config, out, stream, *, q_weight, k_weight, eps, norm,
               weight_offset, order, norm_over, rounding, tables, positions, offset, seq_offsets):
     """``rope_qk_norm_backward`` with no torch guard (``cuprope.qknorm.api``):
     the fast path, else ``QkNormCall`` on the host or GPU."""
-    fast = out is None and _fast_settings(config, tables, positions, seq_offsets, offset, stream)
+    fast = out is None and fast_settings(config, tables, positions, seq_offsets, offset, stream)
     if fast:
         header, arrays = fast_signature(q, k, q_weight, k_weight, eps, norm, weight_offset,
                                         order, norm_over, rounding, tables, positions,
                                         seq_offsets, False)
         header, arrays = ("qknb",) + header[1:], arrays[:2] + (grad_q, grad_k) + arrays[2:]
         if config._launches.fast:
-            res = _fast_backward(config, header, arrays, offset)
+            res = fast_backward(config, header, arrays, offset)
             if res is not None:
                 return res
     c = QkNormCall.of(q, k, grad_q, grad_k, config, q_weight, k_weight, eps, norm,
