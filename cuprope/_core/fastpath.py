@@ -14,14 +14,15 @@ One implementation serves every entry point with a fast path: the core
 (``cuprope.rope.api``, ``cuprope.tables``), the fused KV-cache append
 (``cuprope.kvcache``), the cos/sin-cache call (``cuprope.cos_sin_cache``)
 and the fused QK-norm forward and backward (``cuprope.qknorm``; the
-backward's entry replays its kernel and the weight gradients' reductions). The entries live in the
-owner's ``cuprope.config.LaunchCache.fast``:
+backward's entry replays its kernel and the weight gradients' reductions).
+The entries live in the owner's ``cuprope.config.LaunchCache.fast``:
 
 * ``ticket(fw, header, arrays, pairs)``: the cache key (``header`` + each
   array's signature, None for an absent one) and the arrays' pointers;
 * ``remember(fast, ticket, spans, plan)``: after a validated general-path
   launch, registers ``plan`` (a launcher.Plan, or anything with its
-  ``device`` and ``align``, such as the QK-norm backward's launches) under the key;
+  ``device`` and ``align``, such as the QK-norm backward's launches) under
+  the key;
 * ``lookup(fast, key, ptrs, current_device)``: the plan, or None;
 * ``fast_call(fast, fw, header, arrays)``: ``plan.run(stream, *ptrs)`` of the
   registered plan (its per-call words index the arrays' pointers).
