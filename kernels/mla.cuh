@@ -19,14 +19,14 @@
 // query heads, then the latent row (k_pe and ckv). The warp's cos/sin of the
 // token's R/2 pairs are computed once into its shared-memory slice (lane j
 // computes pair j, j + 32, ...), after its first loads are issued, and read
-// by every row. The warp's rows are
-// two lists of items: first the rows' rotated chunks (ChunkGeometry's VEC
-// pairs in two packs; q rows, then k_pe), kMlaRotUnroll per lane at a
-// time, then their pass-through packs (q_nope, then ckv), kMlaUnroll per
-// lane at a time; a lane takes items lane, lane + 32, ..., every load of a
-// step issued before its first store. The pass-through loop holds one pack
-// per item, not a chunk's two and its cos/sin, so it keeps more loads in
-// flight for its registers.
+// by every row. The warp's rows are two lists of items: first the rows'
+// rotated chunks (ChunkGeometry's VEC pairs in two packs; q rows, then k_pe),
+// kMlaRotUnroll per lane at a time, then their pass-through packs (q_nope,
+// then ckv), kMlaUnroll per lane at a time; a lane takes items lane,
+// lane + 32, ..., every load of a step issued before its first store. The
+// pass-through loop holds one pack per item, not a chunk's two and its
+// cos/sin, so it keeps more loads in flight for its registers (the kernel is
+// held to kMlaMinBlocks blocks per SM: NOTES 44).
 #pragma once
 
 #include "kvcache.cuh"
