@@ -1,7 +1,8 @@
 """bench_suite's fused-op families: each calls its measuring module
 (qknorm_bench, kvcache_bench, prologue_bench, mla_bench, decode_bench,
-host_overhead, jax_bench, jax_qknorm_bench) and turns what it returns into suite_rows rows. ``ctx`` is
-bench_suite.Ctx (quick mode, case / dtype filters, FlashInfer's lines)."""
+host_overhead, jax_bench, jax_qknorm_bench) and turns what it returns into
+suite_rows rows. ``ctx`` is bench_suite.Ctx (quick mode, case / dtype
+filters, FlashInfer's lines)."""
 import suite_rows
 
 make = suite_rows.make
