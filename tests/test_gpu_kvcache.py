@@ -13,7 +13,8 @@ import pytest
 
 import cuprope
 from conftest import GPU_TESTS
-from torch_helpers import gen, host_bytes, randn, sentinel, tdt  # noqa: F401 (gen: test_kvcache_cases)
+from torch_helpers import (count_calls, gen, host_bytes, randn,  # noqa: F401 (gen: test_kvcache_cases)
+                           sentinel, tdt)
 from cuprope import kvcache
 from cuprope.kvcache import api as kvcache_api
 from cuprope.kvcache import reference as kref
@@ -340,20 +341,6 @@ def test_rotary_embedding_gpu(dtype, neox, table_dtype):
 # ---------------------------------------------------------------- fast paths
 
 
-def _count_general(monkeypatch, module, name):
-    """List that grows by one per call reaching ``module.name`` (the general
-    GPU path)."""
-    calls = []
-    real = getattr(module, name)
-
-    def counted(*args, **kwargs):
-        calls.append(1)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(module, name, counted)
-    return calls
-
-
 def _decode_append_args(g, dtype, cache, addressing, b=4, hq=8, hk=2, d=128, pages=9, ps=16,
                         fused_qkv=False):
     """Fresh decode-step arrays: q, k, v (views of one qkv buffer when
@@ -398,7 +385,7 @@ def test_append_fast_path_equals_the_general_path(dtype, cache, addressing, fuse
     """Repeated decode steps with fresh tensors take the fast path (one general
     call in all) and write exactly what the general path (check=True) writes
     on copies of the same state."""
-    calls = _count_general(monkeypatch, kvcache_api, "_gpu_append")
+    calls = count_calls(monkeypatch, kvcache_api, "_gpu_append")
     cfg = SCHEMES["default"](128, False)
     g = gen(41)
     for step in range(4):
@@ -422,7 +409,7 @@ def test_append_fast_path_not_taken_when_arguments_change(monkeypatch):
     """Each change of a signature or setting reaches the general path (and
     gives the general path's result), then is fast in turn."""
     torch = _torch()
-    calls = _count_general(monkeypatch, kvcache_api, "_gpu_append")
+    calls = count_calls(monkeypatch, kvcache_api, "_gpu_append")
     cfg = SCHEMES["default"](128, False)
     g = gen(43)
 
@@ -495,7 +482,7 @@ def test_rotary_embedding_fast_path_equals_the_general_path(monkeypatch):
     import cuprope.cos_sin_cache as csc
     import cuprope.kvcache.rotary as rotary
     import cuprope.torch as ctorch
-    calls = _count_general(monkeypatch, rotary, "kv_spec")
+    calls = count_calls(monkeypatch, rotary, "kv_spec")
     g = gen(53)
     for step in range(4):
         pos, query, key, table = _rotary_args(g, "bfloat16")

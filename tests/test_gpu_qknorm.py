@@ -26,6 +26,7 @@ import cuprope
 from cuprope import qknorm, reference, scaling
 from cuprope.qknorm import reference as qref
 from oracle import assert_matches
+from torch_helpers import count_calls
 
 pytestmark = GPU_TESTS
 
@@ -238,10 +239,7 @@ def test_fast_path_equals_the_general_path(rng, monkeypatch, mode):
     fast path (no QkNormCall.gpu after the first) and give the bits of the
     general path (stream= given forces it), for the fast kernel and the
     general one (token norm)."""
-    general = []
-    real = qknorm.QkNormCall.gpu
-    monkeypatch.setattr(qknorm.QkNormCall, "gpu", lambda self, *a, **k: (
-        general.append(1), real(self, *a, **k))[1])
+    general = count_calls(monkeypatch, qknorm.QkNormCall, "gpu")
     stream = torch.cuda.current_stream()
     for over in ("head", "token"):
         cfg = cuprope.RopeConfig(64)
@@ -280,10 +278,7 @@ def test_backward_fast_path_equals_the_general_path(rng, monkeypatch, mode):
     the bits of the general path (stream= given forces it): dq, dk and the
     weight gradients (None where there is no weight), for the fast kernel
     and the general one (token norm)."""
-    general = []
-    real = qknorm.QkNormCall.gpu
-    monkeypatch.setattr(qknorm.QkNormCall, "gpu", lambda self, *a, **k: (
-        general.append(1), real(self, *a, **k))[1])
+    general = count_calls(monkeypatch, qknorm.QkNormCall, "gpu")
     stream = torch.cuda.current_stream()
     for over in ("head", "token"):
         cfg = cuprope.RopeConfig(64)

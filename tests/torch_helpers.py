@@ -43,3 +43,17 @@ def host_bytes(t):
     """[..., D] tensor -> uint8 [..., D * itemsize] on the host (a copy, not a
     view of a CPU tensor)."""
     return t.contiguous().view(_torch().uint8).cpu().numpy().copy()
+
+
+def count_calls(monkeypatch, owner, name):
+    """A list that grows by one per call reaching ``owner.name`` (a module's
+    function or a class's method: the general GPU path a fast path skips)."""
+    calls = []
+    real = getattr(owner, name)
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, counted)
+    return calls
