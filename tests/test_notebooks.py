@@ -86,7 +86,8 @@ def optional_imports(cells):
 
 def stated(cells):
     """{"Needs": [package, ...], "GPU": text} of the first cell's items; a
-    missing item is absent. Needs lists the names in its ``pip install`` spans."""
+    missing item is absent. Needs lists the names in its ``pip install`` spans
+    (each also the name its module is imported by)."""
     if not cells or cells[0].get("cell_type") != "markdown":
         return {}
     out = {}
@@ -127,8 +128,10 @@ def test_notebooks_directory_holds_notebooks():
 
 def test_optional_imports_are_found():
     code = lambda s: {"cell_type": "code", "source": s}  # noqa: E731
-    cells = [code("import numpy\nimport torch.nn as nn"), {"cell_type": "markdown", "source": "import jax"},
-             code("x = 1\n  from cuprope import jax as cjax"), code("import torchvision  # not torch"),
+    cells = [code("import numpy\nimport torch.nn as nn"),
+             {"cell_type": "markdown", "source": "import jax"},
+             code("x = 1\n  from cuprope import jax as cjax"),
+             code("import torchvision  # not torch"),
              code(["import matplotlib", ".pyplot as plt"])]
     assert optional_imports(cells) == ["jax", "matplotlib", "torch"]
     assert optional_imports([code("import cupy\nfrom cuprope import kvcache")]) == []
