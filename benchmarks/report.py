@@ -358,8 +358,8 @@ def readme_markdown(rows, figures="benchmarks/figures"):
     used = {k[:4] for s in README_ROWS for k in s["keys"]}
     devs = sorted({r["device"] for r in rows if (r["family"], r["op"], r["case"], r["dtype"])
                    in used})
-    lines += ["", f"Every number above: {', '.join(devs)}, one run of the suite; µs per call, "
-                  "the median of many."]
+    lines += ["", f"Every number above: {', '.join(devs)}; each row's peers timed in the same "
+                  "process; µs per call, the median of many."]
     return "\n".join(lines)
 
 
