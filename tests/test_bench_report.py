@@ -5,8 +5,8 @@
 * report.py marks each performance target met / not met from the data
   (synthetic rows on both sides of each bound), draws one PNG per family and a
   summary, writes TARGETS.md and prints the README's table; the committed
-  TARGETS.md is what it writes from the committed CSV; notebook 04 runs on the
-  committed CSV;
+  TARGETS.md and the README's performance table are what it writes from the
+  committed CSV; notebook 04 runs on the committed CSV;
 * benchmarks/bench_suite.py --help works without a GPU, a wrong family is
   refused, and the measuring functions it calls exist.
 """
@@ -158,6 +158,15 @@ def test_committed_targets_file_is_what_the_report_writes():
     committed = (BENCH / "TARGETS.md").read_text()
     assert committed == report.targets_file(report.load(CSV)), \
         "benchmarks/TARGETS.md is stale: run python benchmarks/report.py"
+
+
+def test_readme_performance_table_is_what_the_report_writes():
+    text = (ROOT / "README.md").read_text()
+    a, b = text.find(report.README_BEGIN), text.find(report.README_END)
+    assert 0 <= a < b, "README.md has no performance table markers"
+    got = text[a + len(report.README_BEGIN):b].strip()
+    assert got == report.readme_markdown(report.load(CSV)), \
+        "README's performance table is stale: python benchmarks/report.py --readme README.md"
 
 
 def test_readme_table_has_cupropes_time_for_every_size_on_the_committed_csv():
