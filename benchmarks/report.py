@@ -1,11 +1,17 @@
-"""Read the suite's one CSV (benchmarks/bench_suite.py), draw one figure per op
-family and print Markdown: the targets of issue 25, each marked met / not met
-from the data, and one table per family.
+"""Read the suite's one CSV (benchmarks/bench_suite.py) and turn it into:
 
-    python benchmarks/report.py [benchmarks/results.csv] [--figures DIR] [--no-tables]
+* the README's performance table (``readme_markdown``): per op, cuprope's µs
+  and each peer's from the same run, the copy of the same bytes, the figure;
+* ``TARGETS.md`` (``targets_file``): the project's performance targets, each
+  marked met / not met from the data, and every row of every family;
+* one figure per op family and a summary figure (``figures/``).
 
-Figures: ``DIR/<family>.png`` (default benchmarks/figures/). Needs matplotlib
-for the figures only; no GPU. The notebook 04 calls the same functions.
+    python benchmarks/report.py [benchmarks/results.csv] [--figures DIR]
+                                [--targets FILE] [--readme FILE]
+
+Prints the README table; ``--readme README.md`` also rewrites it in place
+(between the README_BEGIN / README_END markers). Needs matplotlib for the
+figures only; no GPU. Notebook 04 calls the same functions.
 """
 import argparse
 import os
@@ -107,7 +113,7 @@ TARGETS = [
      ""),
     ("Decode prologue vs the unfused chain (its µs / ours)",
      _peer("prologue", "unfused"), 2.0, ">=", ""),
-    ("Decode prologue vs today's two cuprope launches (their µs / ours)",
+    ("Decode prologue vs two separate cuprope launches (their µs / ours)",
      _peer("prologue", "cuprope-two-launches"), 1.3, ">=", ""),
     ("Decode prologue 16k prefill, fraction of copy",
      _frac("prologue", where=lambda k: k[1].startswith("prefill")), 0.85, ">=", ""),
@@ -186,6 +192,207 @@ def family_markdown(rows, family):
             cells.append(us + extra)
         lines.append(f"| {op} | {case} | {dt} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+# ------------------------------------------------------------------ README table
+# One row per op a user picks between: the cases it is timed at (one cell value
+# each, joined by " / "), cuprope's impl, the peers timed beside it in the same
+# process, and the figure(s) holding every row.
+DT3 = ("bf16", "fp16", "fp32")
+ROT_PEERS = (("torch.compile of HF's formula", "torch-compile"), ("Liger", "liger"),
+             ("FlashInfer", "flashinfer"), ("FlashInfer, cos/sin cache", "flashinfer-cos-sin-cache"),
+             ("torch eager, HF's formula", "torch-eager"))
+APPEND_SIZES = ("decode B 1", "decode B 64", "decode B 256", "decode B 1024", "prefill 16384")
+DECODE_SIZES = ("B 1", "B 64", "B 256", "B 512", "B 1024")
+HOST_OPS = ("rope_qk_forward in place, positions int32 [B,1]",
+            "cuprope.torch.rotary_embedding (qkv slices)", "kv append fp8 (device scales), paged")
+
+
+def _keys(family, op, cases, dtypes, impl="cuprope"):
+    """[(family, op, case, dtype, impl)] over cases × dtypes."""
+    return [(family, op, c, d, impl) for c in cases for d in dtypes]
+
+
+README_ROWS = [
+    dict(op="RoPE on q and k, forward (`rope_qk_forward`)",
+         sizes="Llama-3-8B prefill, bf16 / fp16 / fp32",
+         keys=_keys("rotation", "qk_fwd", ["llama3-8b"], DT3), peers=ROT_PEERS,
+         figures=("rotation",)),
+    dict(op="RoPE on q and k, forward (`rope_qk_forward`)",
+         sizes="bf16: S 32k / D 64 (MHA) / D 256",
+         keys=_keys("rotation", "qk_fwd", ["seq32k", "mha-d64", "d256"], ["bf16"]),
+         peers=ROT_PEERS, figures=("rotation",)),
+    dict(op="RoPE on q and k, backward (`rope_qk_backward`)",
+         sizes="Llama-3-8B prefill, bf16 / fp16 / fp32",
+         keys=_keys("rotation", "qk_bwd", ["llama3-8b"], DT3), peers=(), figures=("rotation",)),
+    dict(op="RoPE on q and k, in place (`inplace=True`)",
+         sizes="Llama-3-8B prefill, bf16 / fp16 / fp32",
+         keys=_keys("rotation", "qk_inplace", ["llama3-8b"], DT3), peers=(),
+         figures=("rotation",)),
+    dict(op="HF drop-in (`cuprope.torch.apply_rotary_pos_emb`)",
+         sizes="Llama-3-8B prefill, bf16 / fp16 / fp32",
+         keys=_keys("rotation", "qk_fwd", ["llama3-8b"], DT3, "cuprope-hf-tables"),
+         peers=(("torch.compile of HF's formula", "torch-compile"),
+                ("torch eager, HF's formula", "torch-eager")), figures=("rotation",)),
+    dict(op="Other frequency schemes and ops, forward",
+         sizes="Llama-3-8B prefill, bf16: YaRN / Qwen2-VL MRoPE / LRPE with SiLU / "
+               "ggml NEOX (q only)",
+         keys=[("schemes", "yarn", "llama3-8b", "bf16", "cuprope"),
+               ("schemes", "mrope", "llama3-8b", "bf16", "cuprope"),
+               ("lrpe", "lrpe_silu", "llama3-8b", "bf16", "cuprope"),
+               ("ggml", "rope", "llama3-8b q", "bf16", "cuprope-neox")],
+         peers=(), figures=("schemes", "lrpe", "ggml")),
+    dict(op="QK-norm + RoPE forward, autograd (`cuprope.torch.rope_qk_norm`)",
+         sizes="Qwen3-8B prefill, bf16 / fp16 / fp32",
+         keys=_keys("qknorm", "fwd autograd", ["Qwen3-8B prefill"], DT3),
+         peers=(("torch.compile of HF's norm + RoPE", "torch-compile"), ("Liger", "liger"),
+                ("torch RMSNorm + cuprope RoPE", "unfused")), figures=("qknorm",)),
+    dict(op="QK-norm + RoPE forward + backward, autograd",
+         sizes="Qwen3-8B prefill, bf16 / fp16 / fp32",
+         keys=_keys("qknorm", "fwd+bwd autograd", ["Qwen3-8B prefill"], DT3),
+         peers=(("torch.compile of HF's norm + RoPE", "torch-compile"), ("Liger", "liger"),
+                ("torch RMSNorm + cuprope RoPE", "unfused")), figures=("qknorm",)),
+    dict(op="RoPE + fp8 paged KV-cache append (`kvcache.rope_append_kv`)",
+         sizes="fp8 q, k, v; decode B 1 / 64 / 256 / 1024 / prefill 16k",
+         keys=_keys("kv", "append", APPEND_SIZES, ["fp8qkv"]),
+         peers=(("FlashInfer", "flashinfer"), ("cuprope RoPE, then torch's fp8 casts and writes",
+                                               "unfused")), figures=("kv",)),
+    dict(op="the same with `cfg.cache_angles(n)`",
+         sizes="fp8 q, k, v; decode B 1 / 64 / 256 / 1024 / prefill 16k",
+         keys=_keys("kv", "append", APPEND_SIZES, ["fp8qkv"], "cuprope-table"),
+         peers=(("FlashInfer", "flashinfer"),), figures=("kv",)),
+    dict(op="QK-norm + RoPE + fp8 + KV append, one launch (`prologue.qk_norm_rope_append_kv`)",
+         sizes="fp8 q, k, v; decode B 1 / 64 / 256 / 1024 / prefill 16k",
+         keys=_keys("prologue", "norm+append", APPEND_SIZES, ["fp8qkv"]),
+         peers=(("FlashInfer's append, which has no norm", "flashinfer-no-norm"),
+                ("`rope_qk_norm_forward` then `rope_append_kv`", "cuprope-two-launches"),
+                ("two torch `rms_norm`, then `rope_append_kv`", "unfused")),
+         figures=("prologue",)),
+    dict(op="DeepSeek MLA RoPE + fp8 + paged latent cache (`mla.rope_append_mla`)",
+         sizes="fp8; T 1 / 64 / 256 / 1024 / prefill 16k",
+         keys=_keys("mla", "rope+append", APPEND_SIZES, ["fp8"]),
+         peers=(("FlashInfer", "flashinfer"), ("cuprope RoPE, then torch's fp8 casts and writes",
+                                               "unfused")), figures=("mla",)),
+    dict(op="RoPE in place at decode (`rope_qk_forward(..., inplace=True)`)",
+         sizes="bf16; B 1 / 64 / 256 / 512 / 1024, one token each",
+         keys=_keys("decode", "rope_qk in place", DECODE_SIZES, ["bf16"]),
+         peers=(("FlashInfer, cos/sin cache", "flashinfer-cos-sin-cache"),
+                ("FlashInfer, angles computed, out of place", "flashinfer")),
+         figures=("decode",)),
+    dict(op="vLLM's op (`cuprope.torch.rotary_embedding`)",
+         sizes="bf16; B 1 / 64 / 256 / 512 / 1024, one token each",
+         keys=_keys("decode", "rope_qk in place", DECODE_SIZES, ["bf16"],
+                    "cuprope-rotary_embedding"),
+         peers=(("FlashInfer, cos/sin cache", "flashinfer-cos-sin-cache"),),
+         figures=("decode",)),
+    dict(op="`cuprope.jax.rope_qk` under `jax.jit`, forward",
+         sizes="bf16: Llama-3-8B prefill / S 32k / decode B 1 / decode B 64",
+         keys=_keys("jax", "rope_qk fwd", ["llama3-8b", "32k", "decode-b1", "decode-b64"],
+                    ["bf16"], "cuprope-jit"),
+         peers=(("XLA's fusion of HF's formula", "xla"),), figures=("jax",)),
+    dict(op="`cuprope.jax.rope_qk` under `jax.jit`, `value_and_grad`",
+         sizes="bf16: Llama-3-8B prefill / S 32k / decode B 1 / decode B 64",
+         keys=_keys("jax", "rope_qk value_and_grad",
+                    ["llama3-8b", "32k", "decode-b1", "decode-b64"], ["bf16"], "cuprope-jit"),
+         peers=(("XLA's fusion of HF's formula", "xla"),), figures=("jax",)),
+    dict(op="`cuprope.jax.rope_qk_norm` under `jax.jit`, forward / `value_and_grad`",
+         sizes="bf16, Qwen3-8B prefill: forward / value_and_grad",
+         keys=[("jax", "rope_qk_norm fwd", "qwen3-8b prefill", "bf16", "cuprope-jit"),
+               ("jax", "rope_qk_norm value_and_grad", "qwen3-8b prefill", "bf16",
+                "cuprope-jit")],
+         peers=(("XLA's fusion of HF's norm + RoPE", "xla"),), figures=("jax",)),
+    dict(op="host time per call at decode, torch tensors",
+         sizes="B 8: `rope_qk_forward` in place / `cuprope.torch.rotary_embedding` / "
+               "`rope_append_kv` fp8 paged",
+         keys=[("host", op, "B 8 Hq 32 Hk 8 D 128", "bf16", "cuprope") for op in HOST_OPS],
+         peers=(("one torch eager `mul_` in the same loop", "torch-mul_",
+                 [("host", "torch mul_ (one eager op)", "B 8 Hq 32 Hk 8 D 128", "bf16",
+                   "torch-mul_")]),), figures=("host",)),
+]
+
+
+def _us(v):
+    """µs for a table cell: three significant digits or more; '–' for none."""
+    if v is None:
+        return "–"
+    return f"{v:.2f}" if v < 10 else f"{v:.1f}" if v < 100 else f"{v:.0f}"
+
+
+def _cells(index, keys):
+    return [index[k]["us"] if k in index else None for k in keys]
+
+
+def readme_rows(rows):
+    """README_ROWS with their values: [{op, sizes, ours, copy, peers, figures}],
+    ours/copy lists of µs (None where a case has no row), peers
+    [(name, impl, [µs...])] without the peers of no row at all."""
+    index = {(r["family"], r["op"], r["case"], r["dtype"], r["impl"]): r for r in rows}
+    out = []
+    for spec in README_ROWS:
+        keys = spec["keys"]
+        copy = _cells(index, [k[:4] + ("copy",) for k in keys])
+        peers = []
+        for p in spec["peers"]:
+            name, impl = p[0], p[1]
+            pk = p[2] if len(p) > 2 else [k[:4] + (impl,) for k in keys]
+            vals = _cells(index, pk)
+            if any(v is not None for v in vals):
+                peers.append((name, impl, vals))
+        out.append(dict(op=spec["op"], sizes=spec["sizes"], ours=_cells(index, keys), copy=copy,
+                        peers=peers, figures=spec["figures"]))
+    return out
+
+
+def readme_markdown(rows, figures="benchmarks/figures"):
+    """The README's performance table (Markdown): per op, cuprope's µs, a copy
+    of the same bytes, and each peer's µs, then the device the rows name."""
+    lines = ["| op | sizes | cuprope µs | copy µs | peers in the same process, µs | figure |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for e in readme_rows(rows):
+        ours = " / ".join(_us(v) for v in e["ours"])
+        copy = " / ".join(_us(v) for v in e["copy"]) if any(e["copy"]) else "–"
+        peers = "<br>".join(f"{n}: {' / '.join(_us(v) for v in vals)}"
+                            for n, _, vals in e["peers"])
+        figs = ", ".join(f"[{f}]({figures}/{f}.png)" for f in e["figures"])
+        lines.append(f"| {e['op']} | {e['sizes']} | {ours} | {copy} | {peers or '–'} | {figs} |")
+    used = {k[:4] for s in README_ROWS for k in s["keys"]}
+    devs = sorted({r["device"] for r in rows if (r["family"], r["op"], r["case"], r["dtype"])
+                   in used})
+    lines += ["", f"Every number above: {', '.join(devs)}; each row's peers timed in the same "
+                  "process; µs per call, the median of many."]
+    return "\n".join(lines)
+
+
+README_BEGIN = "<!-- performance table: python benchmarks/report.py --readme README.md -->"
+README_END = "<!-- end of the performance table -->"
+
+
+def update_readme(rows, path):
+    """Replace the text between README_BEGIN and README_END in ``path`` with
+    readme_markdown(rows). ValueError when the markers are missing."""
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    a, b = text.find(README_BEGIN), text.find(README_END)
+    if a < 0 or b < a:
+        raise ValueError(f"{path}: no {README_BEGIN!r} ... {README_END!r} markers")
+    text = text[:a + len(README_BEGIN)] + "\n" + readme_markdown(rows) + "\n" + text[b:]
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+
+
+def targets_file(rows):
+    """TARGETS.md: the targets, each marked from the data, then every family's rows."""
+    parts = ["# Performance targets and every benchmark row", "",
+             "Generated by `python benchmarks/report.py` from `benchmarks/results.csv`; "
+             "`NOTES.md` says what bounds each target and what was tried.", "",
+             "## Targets", "",
+             "Each target is checked on every row it concerns; *worst row* is the one furthest "
+             "from the bound; *incomplete*: no row misses, but some lack the peer they are "
+             "compared with.", "", targets_markdown(rows), "", "## Every row, by family"]
+    for fam in suite_rows.FAMILIES:
+        if any(r["family"] == fam for r in rows):
+            parts += ["", f"### {fam}", "", family_markdown(rows, fam)]
+    return "\n".join(parts) + "\n"
 
 
 US_FAMILIES = ("kv", "prologue", "mla", "decode", "startup")
@@ -270,10 +477,72 @@ def _plot_host(fam, path, plt):
     return fig
 
 
+def _plain(text):
+    return text.replace("`", "")
+
+
+# the summary figure's colour and legend entry per impl
+SUMMARY_IMPLS = OrderedDict([
+    ("copy", "copy of the same bytes"), ("torch-compile", "torch.compile"), ("liger", "Liger"),
+    ("flashinfer", "FlashInfer"), ("flashinfer-cos-sin-cache", "FlashInfer, cos/sin cache"),
+    ("flashinfer-no-norm", "FlashInfer's append (no norm)"), ("xla", "XLA under jax.jit"),
+    ("torch-eager", "torch eager"), ("unfused", "the unfused sequence"),
+    ("cuprope-two-launches", "two cuprope launches")])
+
+
+def plot_summary(rows, path=None):
+    """The README's figure: per README row with a peer, at its first size, the
+    copy's and each peer's µs over cuprope's, on a log axis (> 1: cuprope faster)."""
+    import matplotlib
+    if path:
+        matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    entries = []
+    for e in readme_rows(rows):
+        bars = ([("copy", e["copy"][0])] if e["copy"][0] else []) + \
+            [(impl, v[0]) for _, impl, v in e["peers"] if v[0] and impl in SUMMARY_IMPLS]
+        if e["ours"][0] and len(bars) > (1 if e["copy"][0] else 0):
+            entries.append((e, bars))
+    colors = {impl: "0.65" if i == 0 else plt.cm.tab10(i - 1)
+              for i, impl in enumerate(SUMMARY_IMPLS)}
+    n_bars = sum(len(b) for _, b in entries)
+    fig, ax = plt.subplots(figsize=(10, 0.22 * n_bars + 0.35 * len(entries) + 1.2))
+    y, ticks, labels, seen = 0.0, [], [], set()
+    for e, bars in entries:
+        top = y
+        for impl, v in bars:
+            ax.barh(y, v / e["ours"][0], 0.85, color=colors[impl],
+                    label=None if impl in seen else SUMMARY_IMPLS[impl])
+            seen.add(impl)
+            y += 1
+        ticks.append((top + y - 1) / 2)
+        labels.append(f"{_plain(e['op'])}\n{_plain(e['sizes'].split(' / ')[0])}")
+        y += 0.7
+    ax.axvline(1.0, color="k", lw=1, ls="--", label="cuprope")
+    ax.set_xscale("log")
+    ax.set_ylim(y - 0.5, -0.7)
+    ax.set_yticks(ticks)
+    ax.set_yticklabels(labels, fontsize=7)
+    ax.set_xlabel("µs per call over cuprope's (> 1: cuprope faster; the copy is the floor)")
+    handles, names = ax.get_legend_handles_labels()
+    order = ["cuprope"] + [SUMMARY_IMPLS[i] for i in SUMMARY_IMPLS if i in seen]
+    ax.legend([handles[names.index(n)] for n in order], order, fontsize=7, loc="lower right")
+    ax.set_title(f"cuprope against its peers on {', '.join(devices(rows))}\n"
+                 "(each op at the first size of its README row)", fontsize=10)
+    fig.tight_layout()
+    if path:
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+    return fig
+
+
 def draw_all(rows, outdir):
-    """plot_family for every family present; returns the PNG paths."""
+    """plot_family for every family present, and plot_summary; returns the PNG paths."""
     os.makedirs(outdir, exist_ok=True)
     paths = []
+    p = os.path.join(outdir, "summary.png")
+    plot_summary(rows, p)
+    paths.append(p)
     for fam in suite_rows.FAMILIES:
         if any(r["family"] == fam for r in rows):
             p = os.path.join(outdir, f"{fam}.png")
@@ -286,18 +555,24 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("csv", nargs="?", default=DEFAULT_CSV)
     ap.add_argument("--figures", default=os.path.join(HERE, "figures"),
-                    help="folder for <family>.png ('' for none)")
-    ap.add_argument("--no-tables", action="store_true", help="print the targets only")
+                    help="folder for <family>.png and summary.png ('' for none)")
+    ap.add_argument("--targets", default=os.path.join(HERE, "TARGETS.md"),
+                    help="file for the targets and every row ('' for none)")
+    ap.add_argument("--readme", default="",
+                    help="a README whose performance table to rewrite in place")
     a = ap.parse_args(argv)
     rows = load(a.csv)
     if a.figures:
         for p in draw_all(rows, a.figures):
             print(f"wrote {p}", file=sys.stderr)
-    print(targets_markdown(rows))
-    if not a.no_tables:
-        for fam in suite_rows.FAMILIES:
-            if any(r["family"] == fam for r in rows):
-                print(f"\n### {fam}\n\n{family_markdown(rows, fam)}")
+    if a.targets:
+        with open(a.targets, "w", encoding="utf-8") as f:
+            f.write(targets_file(rows))
+        print(f"wrote {a.targets}", file=sys.stderr)
+    if a.readme:
+        update_readme(rows, a.readme)
+        print(f"rewrote the performance table of {a.readme}", file=sys.stderr)
+    print(readme_markdown(rows))
     return 0
 
 

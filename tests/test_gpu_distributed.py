@@ -16,7 +16,7 @@ pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not (torch.cuda.is_available() and torch.cuda.device_count() >= 2
                             and cuprope.gpu_available()),
-                       reason="needs two CUDA GPUs (issue 18)"),
+                       reason="needs two CUDA GPUs visible to torch and CuPy"),
 ]
 
 
@@ -60,7 +60,7 @@ def test_context_parallel_ranks_reassemble_the_full_rotation(tmp_path):
     assert err < 0.05, err   # bf16 outputs vs a float64 rotation of the same bf16 inputs
 
 
-# ---------------------------------------------------------------- fused ops per rank (issue 18)
+# ---------------------------------------------------------------- fused ops per rank
 
 FUSED = ("qknorm", "kvcache")
 

@@ -1,4 +1,4 @@
-"""Tensors on the second GPU (issue 18): every public function called on
+"""Tensors on the second GPU: every public function called on
 ``cuda:1`` tensors from a process whose current device is 0 runs on GPU 1.
 
 For each call: the outputs are on cuda:1 and equal, bit for bit, the same call
@@ -22,7 +22,7 @@ from cuprope import ggml, kvcache, lrpe, qknorm, tables  # noqa: E402
 
 TWO_GPUS = GPU_TESTS + [pytest.mark.skipif(
     not (HAS_TORCH and torch.cuda.is_available() and torch.cuda.device_count() >= 2),
-    reason="needs two CUDA GPUs (issue 18)")]
+    reason="needs two CUDA GPUs visible to torch")]
 
 T_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 

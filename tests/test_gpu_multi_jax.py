@@ -1,4 +1,4 @@
-"""cuprope.jax across two GPUs (issue 18): ``rope_qk`` forward and its VJP in
+"""cuprope.jax across two GPUs: ``rope_qk`` forward and its VJP in
 bfloat16 under ``jax.jit`` on inputs sharded over a two-GPU mesh
 (``NamedSharding``: batch sharding, head sharding) and under ``shard_map``
 equal the single-GPU run on unsharded inputs bit for bit; each output shard
@@ -29,7 +29,7 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 import cuprope  # noqa: E402
 from cuprope import jax as cjax  # noqa: E402
 
-TWO_GPUS = "needs two CUDA GPUs (issue 18)"
+TWO_GPUS = "needs two CUDA GPUs visible to JAX"
 
 
 def _jax_gpus():

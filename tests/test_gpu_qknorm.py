@@ -315,11 +315,12 @@ def test_backward_fast_path_equals_the_general_path(rng, monkeypatch, mode):
         assert len(general) == n0 + 3 + 1
 
 
-# Known defect (issue 15, open): on an H100 the fp16 cast_then_weight case with
-# the norm per head before RoPE put 2 of 4608 elements ~3 fp16 ulp from the
-# NumPy emulation (twice, same elements); suspected: the kernel's rsqrtf against
-# the emulation's 1/sqrt flipping the cast to fp16 before the weight.
-_KNOWN = pytest.mark.xfail(strict=True, reason="issue 15: fp16 cast_then_weight rounding flip")
+# Known defect: on an H100 the fp16 cast_then_weight case with the norm per head
+# before RoPE put 2 of 4608 elements ~3 fp16 ulp from the NumPy emulation
+# (twice, same elements); suspected: the kernel's rsqrtf against the
+# emulation's 1/sqrt flipping the cast to fp16 before the weight.
+_KNOWN = pytest.mark.xfail(strict=True, reason="known fp16 cast_then_weight rounding flip on the "
+                                               "GPU: 2 of 4608 elements ~3 ulp from the emulation")
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])

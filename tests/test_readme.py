@@ -10,8 +10,11 @@ info string:
 * a block that imports torch or jax skips, naming the install, where that
   framework is absent (CI's second stage installs both).
 
-The README must also not point at things a reader cannot follow: issue
-numbers, NOTES.md entry numbers, seed files.
+The README is for users: it must not point at things a reader cannot follow
+(issue numbers, NOTES.md entry numbers, seed files, commit hashes, the
+project's own targets or device runs), nor use the kernels' internal jargon.
+Every block that needs a GPU says so in the text above it, and the install
+lines the CPU blocks need (a CPU-only install, torch, JAX) are there.
 """
 import os
 import pathlib
@@ -69,10 +72,72 @@ def test_block_extraction():
         ["jax", "torch"]
 
 
+_INTERNAL = re.compile(
+    r"\b(?:issues? #?\d+|open issues?|NOTES(?:\.md)? \d+|seed \d{3}|the issue's|today's|"
+    r"not met|lent|device-suite|commit [0-9a-f]{7,40})\b|#\d{2,}\b", re.I)
+_JARGON = ("flat entry", "flat entries", "dialect", "Shardy", "SFU", "token run", "staged ring",
+           "fi_bench_bin", "ncu ")
+
+
+def _hashes(text):
+    """Words that look like git commit hashes: 7-40 hex digits, letters and digits both."""
+    return [w for w in re.findall(r"\b[0-9a-f]{7,40}\b", text)
+            if re.search(r"[a-f]", w) and re.search(r"\d", w)]
+
+
 def test_readme_has_no_internal_references():
     text = README.read_text()
-    bad = re.findall(r"\b(?:issues? \d+|NOTES(?:\.md)? \d+|seed \d{3}|the issue's)", text)
+    bad = [m.group(0) for m in _INTERNAL.finditer(text)] + _hashes(text)
     assert not bad, f"README.md points at things a reader cannot follow: {bad}"
+
+
+def test_internal_reference_patterns():
+    for bad in ("see issue 25", "NOTES 44", "today's two launches", "**not met**", "a lent GPU",
+                ".ci/device-suite", "at commit 39f5212", "(#18)"):
+        assert _INTERNAL.search(bad) or _hashes(bad), bad
+    for ok in ("float16 and bfloat16", "e4m3fn", "0x7f", "issued first", "talent"):
+        assert not (_INTERNAL.search(ok) or _hashes(ok)), ok
+
+
+def test_readme_has_no_internal_jargon():
+    text = README.read_text()
+    bad = [w for w in _JARGON if w.lower() in text.lower()]
+    assert not bad, f"README.md uses jargon a user is not told about: {bad}"
+
+
+def _paragraph_before(text, pos):
+    """The last paragraph (blank-line separated) of text[:pos]."""
+    return text[:pos].rstrip().split("\n\n")[-1]
+
+
+def test_every_gpu_block_says_so_in_the_text_above_it():
+    text = README.read_text()
+    quiet = []
+    for m in _FENCE.finditer(text):
+        if m.group(1).split()[:2] == ["python", "gpu"] and \
+                "needs a CUDA GPU" not in _paragraph_before(text, m.start()):
+            quiet.append(text.count("\n", 0, m.start()) + 1)
+    assert not quiet, (f"README.md lines {quiet}: a `python gpu` block without 'needs a CUDA GPU' "
+                       "in the paragraph above it (the fence's word is invisible to a reader)")
+
+
+def test_readme_has_the_install_lines_its_cpu_blocks_need():
+    text = README.read_text()
+    lines = [ln.strip() for m in _FENCE.finditer(text) if m.group(1).strip() == "bash"
+             for ln in m.group(2).splitlines()]
+    assert any(re.match(r"python -m pip install \.(\s|$)", ln) for ln in lines), \
+        "README.md has no CPU-only install line (python -m pip install .)"
+    needed = {f for _, tags, src in BLOCKS if "gpu" not in tags for f in _IMPORT.findall(src)}
+    assert needed == {"torch", "jax"}
+    for f in sorted(needed):
+        assert any(re.match(rf"python -m pip install {f}\b", ln) for ln in lines), \
+            f"README.md's CPU blocks import {f} but no install line for it"
+
+
+def test_layout_section_is_short():
+    text = README.read_text()
+    section = text.split("## Layout of the repository", 1)[1].split("\n## ", 1)[0]
+    assert len(section.strip().splitlines()) <= 25, "the layout section is for users: keep it short"
 
 
 @pytest.mark.parametrize("line, tags, source", [
