@@ -272,3 +272,36 @@ def test_cache_copies_are_kept_per_tensor_version(monkeypatch):
     for _ in range(cache_copy._MAX_COPIES + 3):
         cache_copy.float32_copy(describe(torch.randn(2, 2).half(), "c"), 0)
     assert len(cache_copy._COPIES) <= cache_copy._MAX_COPIES
+
+
+# ---------------------------------------------------------------- fused_qk_norm_rope
+
+def test_fused_qk_norm_rope_takes_forced_token_heads_per_warp():
+    """vLLM's schema ends in ``int forced_token_heads_per_warp=-1`` (a
+    launch shape of its kernel): taken positionally or by name, the values
+    those of the call without it."""
+    from test_prologue_torch import vllm_case
+    qkv, args = vllm_case("cpu", torch.bfloat16, True, 32)
+    want = qkv.clone()
+    ctorch.fused_qk_norm_rope(want, *args)
+    for extra, kw in (((-1,), {}), ((4,), {}), ((), {"forced_token_heads_per_warp": 8})):
+        got = qkv.clone()
+        assert ctorch.fused_qk_norm_rope(got, *args, *extra, **kw) is None
+        assert torch.equal(got, want)
+    with pytest.raises(TypeError, match="forced_token_heads_per_warp must be an int"):
+        ctorch.fused_qk_norm_rope(qkv.clone(), *args, 2.0)
+
+
+@pytest.mark.parametrize("dtype,cache_dtype", [(torch.float16, torch.bfloat16),
+                                               (torch.bfloat16, torch.float16),
+                                               (torch.bfloat16, torch.float32)])
+def test_fused_qk_norm_rope_cache_dtype_apart_from_qkv(dtype, cache_dtype):
+    """A cache in another dtype than qkv's: vLLM's native composition (the
+    gathered rows cast to qkv's dtype)."""
+    from test_prologue_torch import assert_vllm_equal, vllm_case, vllm_native
+    qkv, args = vllm_case("cpu", dtype, False, 64)
+    args = args[:7] + (args[7].to(cache_dtype),) + args[8:]
+    want = vllm_native(qkv.clone(), *args)
+    got = qkv.clone()
+    ctorch.fused_qk_norm_rope(got, *args)
+    assert_vllm_equal(got, want, dtype)
