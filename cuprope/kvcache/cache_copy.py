@@ -12,7 +12,9 @@ pointer, metadata and version counter (an in-place write makes a new copy),
 so a decode loop pays the copy once; ``held`` swaps a cache for its kept copy
 before the fast path looks the call up. Arrays without a version counter
 (CuPy, JAX, torch inference tensors), and calls on a capturing stream, are
-copied on each call (on the launch stream).
+copied on each call (on the launch stream). A CUDA graph captured after a
+copy was kept reads that copy on every replay: write such a cache in place
+only outside captured graphs (or hold it in float32 or the query's dtype).
 """
 from __future__ import annotations
 
