@@ -196,3 +196,31 @@ def test_fast_path_keys_on_rope_dim_offset_and_inverse(monkeypatch):
         if rnd == 0:
             seen = len(plans)
     assert len(plans) == seen + 2 * len(combos)  # rounds 1 and 2: the checked calls alone
+
+
+def test_custom_op_opcheck_and_compile_on_the_gpu():
+    """cuprope::rotary_embedding with the schema's later arguments, [B, S]
+    positions and a third cache dtype passes torch's op checks on the GPU,
+    and torch.compile(fullgraph=True) gives the eager bits."""
+    torch = _torch()
+    import cuprope.torch as ctorch
+    from cuprope.kvcache import cache_copy
+    g = gen(67)
+    cache = _cache(g, 256, 64, "bfloat16")
+    pos = torch.randint(0, 256, (2, 7), device="cuda", generator=g)
+    query, key = randn((2, 7, 4 * 128), "float16", g), randn((2, 7, 2, 128), "float16", g)
+    try:
+        torch.library.opcheck(torch.ops.cuprope.rotary_embedding.default,
+                              (pos, query.clone(), key.clone(), 128, cache, True, 64, True))
+        qe, ke = query.clone(), key.clone()
+        ctorch.rotary_embedding(pos, qe, ke, 128, cache, True, 64, True)
+
+        @torch.compile(fullgraph=True, backend="aot_eager")
+        def f(p, q, k):
+            ctorch.rotary_embedding(p, q, k, 128, cache, True, 64, True)
+            return q * 1, k * 1
+        qc, kc = f(pos, query.clone(), key.clone())
+        assert np.array_equal(host_bytes(qc), host_bytes(qe))
+        assert np.array_equal(host_bytes(kc), host_bytes(ke))
+    finally:
+        cache_copy.clear()
