@@ -106,8 +106,8 @@ def _keep(src, out):
             del _COPIES[key]
 
     _COPIES.pop(key, None)
-    while len(_COPIES) >= _MAX_COPIES:
-        _COPIES.pop(next(iter(_COPIES)))
+    for old in list(_COPIES)[:max(0, len(_COPIES) + 1 - _MAX_COPIES)]:  # the oldest first
+        _COPIES.pop(old, None)
     _COPIES[key] = _Copy(weakref.ref(src, drop), _signature(src), src._version, out)
 
 
