@@ -126,7 +126,7 @@ template <typename T> struct CosSinType<T, true> { using type = float; };
 
 // cos/sin of the chunk's VEC pairs (pair_at) for the token at (b, s): the
 // core's pair_cos_sin with frequency row frow (per-head tables), or the
-// cos_sin_cache row pos0.
+// cos_sin_cache row pos0, its sin times a.sin_sign (-1: vLLM's inverse).
 template <typename T, bool INTERLEAVED, int VEC, int SRC>
 __device__ __forceinline__ void chunk_cos_sin(const RopeArgs& a, const KvArgs& kv, unsigned b,
                                               unsigned s, long long frow, long long pos0,
@@ -139,10 +139,11 @@ __device__ __forceinline__ void chunk_cos_sin(const RopeArgs& a, const KvArgs& k
     using C = typename CosSinType<T, SRC == kKvCosSinF32>::type;
     const C* row = reinterpret_cast<const C*>(kv.cs_ptr) + pos0 * kv.cs_st;
     const int half = static_cast<int>(a.rot_dim >> 1);
+    const float sign = static_cast<float>(a.sin_sign);
 #pragma unroll
     for (int v = 0; v < VEC; ++v) {
       const int j = pair_at(v);
-      cs[v] = make_float2(to_f32(row[j]), to_f32(row[half + j]));
+      cs[v] = make_float2(to_f32(row[j]), to_f32(row[half + j]) * sign);
     }
   }
 }

@@ -401,7 +401,7 @@ def test_rotary_embedding_errors_and_torch_entry(rng):
         ctorch.rotary_embedding(torch.arange(4), q, None, 48, table)
     with pytest.raises(ValueError, match="cos_sin_cache must be"):
         ctorch.rotary_embedding(torch.arange(4), q, None, 16, table)
-    with pytest.raises(TypeError, match="cos_sin_cache must be float32 or"):
+    with pytest.raises(TypeError, match="cos_sin_cache must have dtype float32, float16 or"):
         ctorch.rotary_embedding(torch.arange(4), q, None, 32, table.double())
     with pytest.raises(TypeError, match="positions must have dtype"):
         ctorch.rotary_embedding(torch.arange(4.0), q, None, 32, table)

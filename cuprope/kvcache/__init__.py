@@ -6,7 +6,9 @@
 * ``cos_sin_cache.py``: the serving engines' cos/sin cache, built from a
   RopeConfig, and vLLM's in-place ``rotary_embedding`` by it (public path
   :mod:`cuprope.cos_sin_cache`); ``rotary.py``: that rotation itself, beneath
-  the guarded public function and the torch custom op;
+  the guarded public function and the torch custom op; ``cache_copy.py``: the
+  float32 copies it reads a cache of a third dtype through (kept per tensor
+  version);
 * ``arrays.py``: array helpers of both (token geometry, index arrays, host views);
 * ``reference.py``: the float64 NumPy reference (fp8 e4m3 quantisation,
   page/slot addressing);

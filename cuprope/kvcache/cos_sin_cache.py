@@ -9,17 +9,33 @@ build_cos_sin_cache : ``[max_position, R]``, row p = cos(p·θ_j)·scale for
     with YaRN's / LongRoPE's attention factor folded in as vLLM folds it).
     Details in its docstring.
 
-positions : int32/int64 ``[T]``, contiguous.
-query : ``[T, Hq·D]`` or ``[T, Hq, D]`` (D = head_size); key likewise with Hk
-    heads, or None. float32, float16 or bfloat16 (one dtype); the token and
-    head strides free, each head contiguous. Rotated in place.
-cos_sin_cache : ``[max_position, R]``, R even and <= D: row p holds cos of
-    pairs 0 … R/2 − 1, then their sin; float32 or query's dtype; last dim
-    contiguous. Dims ``[R, D)`` of each head are not touched.
-is_neox : pairs (j, j + R/2) (NeoX, half split); False: (2j, 2j + 1) (GPT-J).
+positions : int32/int64 ``[T]`` or ``[B, S]``, contiguous.
+query : ``[T, Hq·D]`` or ``[T, Hq, D]`` with positions ``[T]``; ``[B, S, Hq·D]``
+    or ``[B, S, Hq, D]`` with positions ``[B, S]`` (D = head_size); key likewise
+    with Hk heads, or None. float32, float16 or bfloat16 (one dtype); the
+    batch, token and head strides free, each head contiguous. Rotated in place.
+cos_sin_cache : ``[max_position, R]``, R even, rope_dim_offset + R <= D: row p
+    holds cos of pairs 0 … R/2 − 1, then their sin; float32, float16 or
+    bfloat16, whatever query's dtype (on the GPU a cache in neither float32
+    nor query's dtype is read through a float32 copy, exact, kept per tensor
+    version: ``cuprope.kvcache.cache_copy``); last dim contiguous.
+is_neox : pairs (j, j + R/2) (NeoX, half split); False: (2j, 2j + 1) (GPT-J),
+    counted from the first rotated dim.
+rope_dim_offset : the rotated dims are ``[rope_dim_offset, rope_dim_offset + R)``
+    of each head (0: the first R; D − R: the last R, as vLLM's DeepSeek V4
+    rope places them); the other dims are not touched.
+inverse : rotate by −angle (sin negated): undoes the rotation by the same rows.
+
+The arguments follow vLLM's ``_C.rotary_embedding`` schema
+``rotary_embedding(Tensor positions, Tensor! query, Tensor!? key, int
+head_size, Tensor cos_sin_cache, bool is_neox, int rope_dim_offset=0, bool
+inverse=False)`` (csrc/pos_encoding_kernels.cu, which also dispatches the
+cache's dtype apart from the query's); vLLM's schema without the last two
+arguments is its prefix.
 
 Each pair (x1, x2) becomes (x1·cos − x2·sin, x2·cos + x1·sin), evaluated in
-fp32 (the core's rotation, ``rotate_chunk``) and rounded once to the dtype;
+fp32 with each cache value widened to fp32, as vLLM's kernel does (the
+core's rotation, ``rotate_chunk``), and rounded once to the dtype;
 the NumPy backend evaluates it in float64 and rounds once (within one unit in
 the last place of the GPU's result). A token whose position lies outside
 ``[0, max_position)`` is not read past the table: its q and k are left as
@@ -41,8 +57,9 @@ from .rotary import rotate_by_cache
 
 __all__ = ["build_cos_sin_cache", "rotary_embedding"]
 
-def rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox=True, *,
-                     check=False, stream=None):
+
+def rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox=True,
+                     rope_dim_offset=0, inverse=False, *, check=False, stream=None):
     """Rotate query and key in place by the rows ``positions`` of
     ``cos_sin_cache`` (module docstring). Returns (query, key).
 
@@ -55,13 +72,14 @@ def rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox=Tr
     TypeError (a leaf: RuntimeError, as torch's in-place ops); under
     ``torch.compile`` the call is the custom op ``cuprope::rotary_embedding``
     (``cuprope.torch.rotary_embedding``)."""
+    def core():
+        return rotate_by_cache(positions, query, key, head_size, cos_sin_cache, is_neox, check,
+                               stream, rope_dim_offset, inverse)
     if engaged(query, key):
         from .torch import route_rotation
-        return route_rotation(positions, query, key, head_size, cos_sin_cache, is_neox, stream,
-                              lambda: rotate_by_cache(positions, query, key, head_size,
-                                                      cos_sin_cache, is_neox, check, stream))
-    return rotate_by_cache(positions, query, key, head_size, cos_sin_cache, is_neox, check,
-                           stream)
+        return route_rotation(positions, query, key, head_size, cos_sin_cache, is_neox,
+                              rope_dim_offset, inverse, stream, core)
+    return core()
 
 
 _CACHE_DTYPES = ("float32", "float16", "bfloat16")

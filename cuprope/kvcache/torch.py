@@ -22,46 +22,64 @@ __all__ = ["rotary_embedding"]
 @torch.library.custom_op("cuprope::rotary_embedding", mutates_args=("query", "key"))
 def _rotary_embedding_op(positions: torch.Tensor, query: torch.Tensor,
                          key: Optional[torch.Tensor], head_size: int,
-                         cos_sin_cache: torch.Tensor, is_neox: bool) -> None:
-    _in_place(positions, query, key, head_size, cos_sin_cache, is_neox)
+                         cos_sin_cache: torch.Tensor, is_neox: bool, rope_dim_offset: int = 0,
+                         inverse: bool = False) -> None:
+    _in_place(positions, query, key, head_size, cos_sin_cache, is_neox, rope_dim_offset, inverse)
 
 
 @_rotary_embedding_op.register_fake
-def _(positions, query, key, head_size, cos_sin_cache, is_neox):
+def _(positions, query, key, head_size, cos_sin_cache, is_neox, rope_dim_offset=0,
+      inverse=False):
     return None
 
 
 def rotary_embedding(positions: torch.Tensor, query: torch.Tensor, key: Optional[torch.Tensor],
-                     head_size: int, cos_sin_cache: torch.Tensor, is_neox: bool = True) -> None:
-    """vLLM's ``rotary_embedding`` op: rotate ``query`` ``[T, Hq*D]`` (or
-    ``[T, Hq, D]``) and ``key`` (likewise, or None) in place by the rows
-    ``positions`` ``[T]`` of ``cos_sin_cache`` ``[max_position, R]`` (cos
-    half, then sin half; float32 or query's dtype), NeoX pairs (j, j + R/2)
-    or, ``is_neox=False``, GPT-J pairs (2j, 2j + 1). Not differentiable (an
-    inference op). See ``cuprope.cos_sin_cache`` for the semantics. Under
-    ``torch.compile`` it is the custom op ``cuprope::rotary_embedding``
-    (mutating query and key)."""
+                     head_size: int, cos_sin_cache: torch.Tensor, is_neox: bool = True,
+                     rope_dim_offset: int = 0, inverse: bool = False) -> None:
+    """vLLM's ``rotary_embedding`` op, with its schema's arguments
+    (``positions, query, key, head_size, cos_sin_cache, is_neox,
+    rope_dim_offset=0, inverse=False``, vLLM's csrc/pos_encoding_kernels.cu):
+    rotate ``query`` and ``key`` (or None) in place by the rows ``positions``
+    of ``cos_sin_cache`` ``[max_position, R]`` (cos half, then sin half).
+
+    positions ``[T]`` with query ``[T, Hq*D]`` or ``[T, Hq, D]``, or
+    ``[B, S]`` with query ``[B, S, Hq*D]`` or ``[B, S, Hq, D]`` (D =
+    head_size; key likewise with its own head count); the cache in float32,
+    float16 or bfloat16 whatever query's dtype (the rotation is evaluated in
+    fp32, each cache value widened to it, as vLLM's kernel does). NeoX pairs
+    (j, j + R/2) or, ``is_neox=False``, GPT-J pairs (2j, 2j + 1) over the
+    dims ``[rope_dim_offset, rope_dim_offset + R)`` of each head, the rest
+    untouched; ``inverse=True`` rotates by minus the angle (sin negated).
+    Returns None. Not differentiable (an inference op). See
+    ``cuprope.cos_sin_cache`` for the details. Under ``torch.compile`` it is
+    the custom op ``cuprope::rotary_embedding`` (mutating query and key)."""
     if not engaged(query, key):  # the common case first: no grad, not traced
-        rotate_by_cache(positions, query, key, head_size, cos_sin_cache, is_neox, False, None)
+        rotate_by_cache(positions, query, key, head_size, cos_sin_cache, is_neox, False, None,
+                        rope_dim_offset, inverse)
     elif torch.compiler.is_compiling():
-        _rotary_embedding_op(positions, query, key, int(head_size), cos_sin_cache, bool(is_neox))
+        _rotary_embedding_op(positions, query, key, int(head_size), cos_sin_cache, bool(is_neox),
+                             int(rope_dim_offset), bool(inverse))
     else:
-        _in_place(positions, query, key, head_size, cos_sin_cache, is_neox)
+        _in_place(positions, query, key, head_size, cos_sin_cache, is_neox, rope_dim_offset,
+                  inverse)
 
 
-def _in_place(positions, query, key, head_size, cos_sin_cache, is_neox):
+def _in_place(positions, query, key, head_size, cos_sin_cache, is_neox, rope_dim_offset,
+              inverse):
     """As ``cuprope.cos_sin_cache.rotary_embedding`` rotates (check=False, no
     stream): the call itself, or ``route_rotation`` where the guard says so."""
     def core():
         return rotate_by_cache(positions, query, key, head_size, cos_sin_cache, is_neox, False,
-                               None)
+                               None, rope_dim_offset, inverse)
     if engaged(query, key):
-        route_rotation(positions, query, key, head_size, cos_sin_cache, is_neox, None, core)
+        route_rotation(positions, query, key, head_size, cos_sin_cache, is_neox, rope_dim_offset,
+                       inverse, None, core)
     else:
         core()
 
 
-def route_rotation(positions, query, key, head_size, cos_sin_cache, is_neox, stream, core):
+def route_rotation(positions, query, key, head_size, cos_sin_cache, is_neox, rope_dim_offset,
+                   inverse, stream, core):
     """``cuprope.cos_sin_cache.rotary_embedding`` on torch tensors the guard
     stopped (in place, an inference op): under torch.compile, without
     autograd, the custom op ``cuprope::rotary_embedding``; otherwise as
@@ -69,6 +87,7 @@ def route_rotation(positions, query, key, head_size, cos_sin_cache, is_neox, str
     written = (query,) if key is None else (query, key)
     grad = torch.is_grad_enabled() and any(torch_route.requires_grad(t) for t in written)
     if torch.compiler.is_compiling() and stream is None and not grad:
-        rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox)
+        rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox,
+                         rope_dim_offset, inverse)
         return query, key
     return torch_route.inference_op("rotary_embedding", written, written, core)

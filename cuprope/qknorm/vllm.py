@@ -52,15 +52,22 @@ def _(*args):
 def fused_qk_norm_rope(qkv: torch.Tensor, num_heads_q: int, num_heads_k: int, num_heads_v: int,
                        head_dim: int, eps: float, q_weight: torch.Tensor,
                        k_weight: torch.Tensor, cos_sin_cache: torch.Tensor, is_neox: bool,
-                       position_ids: torch.Tensor, *, rounding: str = "cast_then_weight") -> None:
-    """vLLM's ``fused_qk_norm_rope`` op: in place on ``qkv`` ``[T, (Hq + Hk +
-    Hv) * head_dim]``, the q and k heads RMS-normed over each head with
-    ``q_weight`` / ``k_weight`` ``[head_dim]`` (qkv's dtype) and ``eps``, then
-    rotated by the rows ``position_ids`` ``[T]`` of ``cos_sin_cache``
-    ``[max_position, R]`` (cos half, then sin half; R <= head_dim: the first
-    R dims of each head turn, the rest keep their normed values), NeoX pairs
-    (j, j + R/2) or, ``is_neox=False``, GPT-J pairs (2j, 2j + 1); v is not
-    touched, no cache is written. Returns None.
+                       position_ids: torch.Tensor, forced_token_heads_per_warp: int = -1, *,
+                       rounding: str = "cast_then_weight") -> None:
+    """vLLM's ``fused_qk_norm_rope`` op, with its schema's arguments
+    (``qkv, num_heads_q, num_heads_k, num_heads_v, head_dim, eps, q_weight,
+    k_weight, cos_sin_cache, is_neox, position_ids,
+    forced_token_heads_per_warp=-1``, vLLM's csrc/fused_qknorm_rope_kernel.cu):
+    in place on ``qkv`` ``[T, (Hq + Hk + Hv) * head_dim]``, the q and k heads
+    RMS-normed over each head with ``q_weight`` / ``k_weight`` ``[head_dim]``
+    (qkv's dtype) and ``eps``, then rotated by the rows ``position_ids``
+    ``[T]`` of ``cos_sin_cache`` ``[max_position, R]`` (cos half, then sin
+    half; float32, float16 or bfloat16 whatever qkv's dtype; R <= head_dim:
+    the first R dims of each head turn, the rest keep their normed values),
+    NeoX pairs (j, j + R/2) or, ``is_neox=False``, GPT-J pairs (2j, 2j + 1);
+    v is not touched, no cache is written. ``forced_token_heads_per_warp``
+    picks a launch shape of vLLM's kernel (no effect on the values): taken
+    and ignored. Returns None.
 
     ``rounding="cast_then_weight"`` (default) gives vLLM's native
     composition (``RMSNorm.forward_native``: v·r rounded to the dtype, times
@@ -70,6 +77,10 @@ def fused_qk_norm_rope(qkv: torch.Tensor, num_heads_q: int, num_heads_k: int, nu
     One launch for the norm and rotation (``cuprope.qknorm`` with the
     gathered cos/sin as HF tables) after a small gather of the cos/sin rows.
     Under ``torch.compile`` it is the custom op ``cuprope::fused_qk_norm_rope``."""
+    if isinstance(forced_token_heads_per_warp, bool) \
+            or not isinstance(forced_token_heads_per_warp, int):
+        raise TypeError(f"forced_token_heads_per_warp must be an int, got "
+                        f"{forced_token_heads_per_warp!r}")
     args = (qkv, int(num_heads_q), int(num_heads_k), int(num_heads_v), int(head_dim),
             float(eps), q_weight, k_weight, cos_sin_cache, bool(is_neox), position_ids, rounding)
     if torch.compiler.is_compiling():
