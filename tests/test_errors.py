@@ -643,3 +643,13 @@ def test_cache_that_fits_no_kv_layout_names_kv_layout_without_a_suggestion(rng):
         _append(rng, (4, PAGE, HK + 1, KD))
     assert str(e.value) == (f"the cache holds {HK + 1} heads of {KD} dims as kv_layout='NHD' "
                             f"({NHD}) but k and v have {HK} heads of {KD} dims")
+
+
+# --------------------------------------------------------------------------- errors a user meets
+# The mistakes a first user makes, each answered by one clear error (or accepted, where the
+# intent is plain), never by a silent wrong result or an error from deep inside.
+
+@pytest.mark.parametrize("bad", [0, 0.0, -0.0, -1.0, -1e-30, np.nan, np.inf, -np.inf])
+def test_zero_negative_or_non_finite_scale_is_rejected(bad):
+    with pytest.raises(ValueError, match=r"^scale must be a positive finite number"):
+        RopeConfig(D, scale=bad)
