@@ -653,3 +653,19 @@ def test_cache_that_fits_no_kv_layout_names_kv_layout_without_a_suggestion(rng):
 def test_zero_negative_or_non_finite_scale_is_rejected(bad):
     with pytest.raises(ValueError, match=r"^scale must be a positive finite number"):
         RopeConfig(D, scale=bad)
+
+
+def test_torch_tensor_on_another_device_is_rejected_naming_it():
+    torch = pytest.importorskip("torch")
+    x = torch.randn(B, S, H, D, device="meta")
+    with pytest.raises(TypeError, match=r"^x is a torch tensor on device 'meta': cuprope takes "
+                                        r"CUDA or CPU tensors$"):
+        rope_forward(x, RopeConfig(D))
+    q = torch.randn(B, S, H, D)
+    with pytest.raises(TypeError, match=r"^k is a torch tensor on device 'meta'"):
+        rope_qk_forward(q, x, RopeConfig(D))
+    with pytest.raises(TypeError, match=r"^positions is a torch tensor on device 'meta'"):
+        rope_forward(q, RopeConfig(D), positions=torch.arange(S, device="meta"))
+    x.requires_grad_()
+    with pytest.raises(TypeError, match=r"^x is a torch tensor on device 'meta'"):
+        rope_forward(x, RopeConfig(D))
