@@ -669,3 +669,89 @@ def test_torch_tensor_on_another_device_is_rejected_naming_it():
     x.requires_grad_()
     with pytest.raises(TypeError, match=r"^x is a torch tensor on device 'meta'"):
         rope_forward(x, RopeConfig(D))
+
+
+E4M3 = np.dtype(ml_dtypes.float8_e4m3fn)
+CT, CHQ, CHK, CD, CR, CDC, CPAGES, CPS = 5, 4, 2, 16, 8, 16, 3, 4   # the cache ops' sizes
+
+
+def _cache_call(op, rng, scales, **kw):
+    """One call of a cache-writing op on NumPy arrays with fp8 caches (and an fp8 q output),
+    ``scales`` its scale arguments. Returns (run, caches): ``run()`` makes the call."""
+    slots = rng.permutation(CPAGES * CPS)[:CT].astype(np.int64)
+    pos = rng.integers(0, 300, CT).astype(np.int64)
+    if op == "mla":
+        from cuprope.mla import rope_append_mla
+        q, k, c = randn(rng, (CT, CHQ, CR)), randn(rng, (CT, CR)), randn(rng, (CT, CDC))
+        cache = np.zeros((CPAGES, CPS, CDC + CR), E4M3)
+        q_out = np.zeros((CT, CHQ, CR), E4M3)
+        return (lambda: rope_append_mla(q, k, c, RopeConfig(CR, interleaved=True), pos,
+                                        kv_cache=cache, slot_mapping=slots, q_pe_out=q_out,
+                                        **scales, **kw)), (cache, q_out)
+    q, k, v = (randn(rng, (CT, h, CD)) for h in (CHQ, CHK, CHK))
+    kc, vc = (np.zeros((CPAGES, CPS, CHK, CD), E4M3) for _ in range(2))
+    q_out = np.zeros((CT, CHQ, CD), E4M3)
+    cfg = RopeConfig(CR, layout="thd")
+    if op == "kv":
+        from cuprope.kvcache import rope_append_kv as fn
+    else:
+        from cuprope.prologue import qk_norm_rope_append_kv as fn
+    return (lambda: fn(q, k, v, cfg, pos, k_cache=kc, v_cache=vc, slot_mapping=slots,
+                       q_out=q_out, **scales, **kw)), (kc, vc, q_out)
+
+
+SCALE_NAMES = {"kv": ("q_scale", "k_scale", "v_scale"), "prologue": ("q_scale", "k_scale",
+                                                                     "v_scale"),
+               "mla": ("q_scale", "kv_scale")}
+
+
+@pytest.mark.parametrize("op", list(SCALE_NAMES))
+def test_numpy_scalar_fp8_scales_are_taken_as_0d_arrays(rng, op):
+    """``k_scale=np.float32(0.05)`` on the NumPy backend: the same bytes as a 0-d array."""
+    names = SCALE_NAMES[op]
+    seed = int(rng.integers(1 << 30))
+    values = {n: 0.02 + 0.01 * i for i, n in enumerate(names)}
+    run_a, got = _cache_call(op, np.random.default_rng(seed),
+                             {n: np.float32(x) for n, x in values.items()})
+    run_b, want = _cache_call(op, np.random.default_rng(seed),
+                              {n: np.array(x, np.float32) for n, x in values.items()})
+    run_a()
+    run_b()
+    assert any(a.view(np.uint8).any() for a in got)
+    for a, b in zip(got, want):
+        np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))
+
+
+@pytest.mark.filterwarnings("ignore:divide by zero:RuntimeWarning")
+@pytest.mark.parametrize("op,name", [(op, n) for op, ns in SCALE_NAMES.items() for n in ns])
+@pytest.mark.parametrize("bad", [0.0, -0.5, np.nan, np.inf])
+def test_zero_negative_or_non_finite_fp8_scale_with_check_is_rejected(rng, op, name, bad):
+    scales = {n: np.array(bad if n == name else 0.05, np.float32) for n in SCALE_NAMES[op]}
+    run, caches = _cache_call(op, rng, scales, check=True)
+    with pytest.raises(ValueError, match=rf"^{name} must be positive and finite \(x is stored as "
+                                         rf"e4m3 of x \* \(1/{name}\)\), got "):
+        run()
+    assert not any(c.view(np.uint8).any() for c in caches)      # nothing written
+    run, _ = _cache_call(op, rng, scales)                         # unchecked: not read first
+    run()
+
+
+@pytest.mark.parametrize("op", ["kv", "prologue"])
+def test_one_bad_per_head_fp8_scale_with_check_is_rejected(rng, op):
+    per_head = np.full(CHK, 0.05, np.float32)
+    per_head[1] = 0.0
+    scales = {"q_scale": np.array(0.05, np.float32), "k_scale": np.full(CHK, 0.05, np.float32),
+              "v_scale": per_head}
+    run, _ = _cache_call(op, rng, scales, check=True)
+    with pytest.raises(ValueError, match=r"^v_scale must be positive and finite .*got 0\.0$"):
+        run()
+
+
+@pytest.mark.filterwarnings("ignore:divide by zero:RuntimeWarning")
+def test_unchecked_zero_fp8_scale_saturates_as_documented(rng):
+    scales = {"q_scale": np.array(0.05, np.float32), "k_scale": np.array(0.0, np.float32),
+              "v_scale": np.array(0.05, np.float32)}
+    run, (kc, _, _) = _cache_call("kv", rng, scales)
+    run()
+    written = kc.view(np.uint8)[kc.view(np.uint8) != 0]
+    assert written.size and set(np.unique(written)) <= {0x7E, 0xFE}    # ±448

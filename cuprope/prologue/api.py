@@ -16,8 +16,10 @@ computed angles (no HF ``tables``); the cache, its addressing (``slot_mapping``
 or ``kv_indices`` / ``kv_indptr`` / ``batch_indices`` / ``cache_positions``),
 ``kv_layout`` ("NHD"/"HND"), separate ``k_cache``/``v_cache`` or one
 ``kv_cache``, the fp8 scales ``q_scale``/``k_scale``/``v_scale`` (float32
-device scalars, k and v per head too), ``check`` and what is skipped
-(padding, indices out of range) are ``rope_append_kv``'s.
+device scalars, k and v per head too; positive and finite: ``check=True``
+raises ValueError for 0, a negative, inf or NaN scale, which without it
+stores what 1/scale gives), ``check`` and what is skipped (padding, indices
+out of range) are ``rope_append_kv``'s.
 
 Results: the bits of ``rope_qk_norm_forward(q, k, config, ...)`` followed by
 ``rope_append_kv`` of its q and k (with a rotation by angle 0): q_out holds
@@ -105,6 +107,7 @@ def qk_norm_rope_append_kv(q, k, v, config, positions, *, q_weight=None, k_weigh
     if check:
         kref.check_indices({n: to_host(i).astype(np.int64).reshape(-1) for n, i in addr.items()},
                            pages, page_size)
+        caches.check_scales({f"{n}_scale": i for n, i in scales.items()})
     if t == 0:
         return qo.obj
     if dev < 0:
