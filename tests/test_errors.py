@@ -755,3 +755,65 @@ def test_unchecked_zero_fp8_scale_saturates_as_documented(rng):
     run()
     written = kc.view(np.uint8)[kc.view(np.uint8) != 0]
     assert written.size and set(np.unique(written)) <= {0x7E, 0xFE}    # ±448
+
+
+class _FakeJaxArray:
+    """An object cuprope takes for a JAX array (its type's module is JAX's)."""
+
+
+_FakeJaxArray.__module__ = "jax._src.array"
+
+
+@pytest.mark.parametrize("op", ["kv", "prologue", "mla"])
+@pytest.mark.parametrize("which", ["inputs", "cache"])
+def test_cache_ops_refuse_jax_arrays_naming_donation(rng, op, which):
+    """A JAX array anywhere a cache op writes or reads: the op is not offered for JAX."""
+    from cuprope.kvcache import rope_append_kv
+    from cuprope.mla import rope_append_mla
+    from cuprope.prologue import qk_norm_rope_append_kv
+    fake = _FakeJaxArray()
+    pos, slots = np.arange(CT), np.arange(CT, dtype=np.int64)
+    want = (r"^(rope_append_kv|qk_norm_rope_append_kv|rope_append_mla) is not offered for JAX "
+            r"arrays \(immutable: a cache write needs donated buffers\)$")
+    if op == "mla":
+        q, k, c = randn(rng, (CT, CHQ, CR)), randn(rng, (CT, CR)), randn(rng, (CT, CDC))
+        cache = np.zeros((CPAGES, CPS, CDC + CR), np.float32)
+        args = (fake, k, c) if which == "inputs" else (q, k, c)
+        kw = dict(kv_cache=cache if which == "inputs" else fake, slot_mapping=slots)
+        with pytest.raises(TypeError, match=want.replace("(rope_append_kv|qk_norm_rope_append_kv|"
+                                                         "rope_append_mla)", "rope_append_mla")):
+            rope_append_mla(*args, RopeConfig(CR, interleaved=True), pos, **kw)
+        return
+    q, k, v = (randn(rng, (CT, h, CD)) for h in (CHQ, CHK, CHK))
+    kc = np.zeros((CPAGES, CPS, CHK, CD), np.float32)
+    args = (q, fake, v) if which == "inputs" else (q, k, v)
+    kw = dict(k_cache=kc if which == "inputs" else fake, v_cache=kc.copy(), slot_mapping=slots)
+    fn = rope_append_kv if op == "kv" else qk_norm_rope_append_kv
+    with pytest.raises(TypeError, match=want.replace(
+            "(rope_append_kv|qk_norm_rope_append_kv|rope_append_mla)", fn.__name__)):
+        fn(*args, RopeConfig(CR, layout="thd"), pos, **kw)
+
+
+@pytest.mark.parametrize("op", ["kv", "prologue", "mla"])
+def test_cache_ops_refuse_real_jax_arrays(op):
+    jax = pytest.importorskip("jax")
+    jnp = jax.numpy
+    rng = np.random.default_rng(3)
+    pos, slots = jnp.arange(CT), jnp.arange(CT)     # refused before any dtype is read
+    if op == "mla":
+        from cuprope.mla import rope_append_mla
+        q, k, c = (jnp.asarray(randn(rng, s)) for s in ((CT, CHQ, CR), (CT, CR), (CT, CDC)))
+        cache = jnp.zeros((CPAGES, CPS, CDC + CR), jnp.float32)
+        with pytest.raises(TypeError, match=r"^rope_append_mla is not offered for JAX arrays"):
+            rope_append_mla(q, k, c, RopeConfig(CR, interleaved=True), pos, kv_cache=cache,
+                            slot_mapping=slots, q_pe_out=jnp.zeros_like(q))
+        return
+    from cuprope.kvcache import rope_append_kv
+    from cuprope.prologue import qk_norm_rope_append_kv
+    fn = rope_append_kv if op == "kv" else qk_norm_rope_append_kv
+    q, k, v = (jnp.asarray(randn(rng, (CT, h, CD))) for h in (CHQ, CHK, CHK))
+    kc = jnp.zeros((CPAGES, CPS, CHK, CD), jnp.float32)
+    with pytest.raises(TypeError, match=rf"^{fn.__name__} is not offered for JAX arrays \("
+                                        r"immutable: a cache write needs donated buffers\)$"):
+        fn(q, k, v, RopeConfig(CR, layout="thd"), pos, k_cache=kc, v_cache=kc, slot_mapping=slots,
+           q_out=jnp.zeros_like(q))

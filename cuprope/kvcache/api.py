@@ -54,7 +54,8 @@ stores what 1/scale gives: 0 saturates every non-zero value to ±448 (a
 stores NaN (0x7f).
 
 q is rotated in place unless ``q_out`` is given (q's shape; q's dtype or
-e4m3). Returns q_out (or q).
+e4m3). Returns q_out (or q). JAX arrays are not offered (TypeError): a cache
+write needs donated buffers.
 """
 from __future__ import annotations
 
@@ -69,7 +70,7 @@ from .._core.loader import KV_ANGLES, KV_FP8_CACHE, KV_FP8_Q
 from ..config import RopeConfig
 from .arrays import index_info, np_view, to_host, token_geometry
 from .caches import (KV_LAYOUTS, addressing, addressing_fields, cache_args, cache_views,
-                     check_scales, is_fp8, q_out_info, scale_info)
+                     check_scales, is_fp8, q_out_info, refuse_jax, scale_info)
 from ..torch_guard import engaged
 
 __all__ = ["rope_append_kv", "KV_LAYOUTS", "token_geometry", "index_info", "to_host",
@@ -116,6 +117,7 @@ def _append(q, k, v, config, positions, k_cache, v_cache, kv_cache, kv_layout, s
         header = ("kv", fastpath.get_ident(), kv_layout)
         if fastpath.fast_call(config._launches.fast, fastpath.adapter_of(q), header, arrays):
             return q if q_out is None else q_out
+    refuse_jax("rope_append_kv", q, k, v, k_cache, v_cache, kv_cache, q_out)
     qi, ki, vi = describe(q, "q"), describe(k, "k"), describe(v, "v")
     geo = {}
     for info, name in ((qi, "q"), (ki, "k"), (vi, "v")):

@@ -11,10 +11,18 @@ import numpy as np
 
 from . import reference as kref
 from .._core import validate
-from .._core.arrays import describe, overlaps
+from .._core.arrays import describe, framework, overlaps
 from .arrays import index_info, np_view, to_host
 
 KV_LAYOUTS = ("NHD", "HND")
+
+
+def refuse_jax(op, *arrays):
+    """TypeError when any of ``arrays`` (None skipped) is a JAX array: ``op``
+    writes a cache in place, which JAX's immutable arrays do not allow."""
+    if any(a is not None and framework(a) == "jax" for a in arrays):
+        raise TypeError(f"{op} is not offered for JAX arrays (immutable: a cache write needs "
+                        f"donated buffers)")
 
 
 def is_fp8(info):

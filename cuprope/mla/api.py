@@ -58,8 +58,8 @@ raises ValueError naming the first bad one.
 
 Backends: CUDA (torch or CuPy arrays, one launch on the current or given
 stream; nothing allocated, CUDA-graph capturable), or the NumPy reference on
-the CPU (NumPy / CPU torch arrays: float64 rotation rounded once). JAX is not
-supported (its arrays are immutable; a cache append needs buffer donation).
+the CPU (NumPy / CPU torch arrays: float64 rotation rounded once). JAX arrays
+are not offered (TypeError): a cache write needs donated buffers.
 """
 from __future__ import annotations
 
@@ -71,7 +71,8 @@ from .._core.arrays import describe, overlaps
 from .._core.loader import KV_FP8_CACHE, KV_FP8_Q
 from ..config import LaunchCache, RopeConfig
 from ..kvcache.arrays import index_info, np_view, to_host
-from ..kvcache.caches import addressing, addressing_fields, check_scales, scale_info
+from ..kvcache.caches import (addressing, addressing_fields, check_scales, refuse_jax,
+                              scale_info)
 from .launch import mla_spec, pick_vec
 from .reference import rotate_pe
 
@@ -97,9 +98,6 @@ def _tensor(x, name, shapes, like=None, out=False):
     if like is not None and (info.kind != like.kind or info.device != like.device):
         raise ValueError(f"{name} must be a {like.kind} array on q_pe's device ({like.device}), "
                          f"got {info.kind} on {info.device}")
-    if info.kind == "jax":
-        raise TypeError("JAX arrays are not supported by rope_append_mla (immutable: a cache "
-                        "append needs buffer donation)")
     want, ok = shapes
     if not ok(tuple(info.shape)):
         raise ValueError(f"{name} must be {want}, got shape {list(info.shape)}")
@@ -160,6 +158,8 @@ def rope_append_mla(q_pe, k_pe, ckv, config, positions, *, kv_cache=None, ckv_ca
     if config.per_head or config.stream_map is not None:
         raise ValueError("rope_append_mla takes a shared frequency table (no per-head table, no "
                          "stream map)")
+    refuse_jax("rope_append_mla", q_pe, k_pe, ckv, kv_cache, ckv_cache, kpe_cache, q_nope,
+               q_nope_out, q_pe_out)
     qi = _tensor(q_pe, "q_pe", ("[T, H, R]", lambda s: len(s) == 3))
     t, h, r = qi.shape
     if r != config.rotary_dim:

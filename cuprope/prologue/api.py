@@ -27,8 +27,8 @@ the normed, rotated q rounded to the dtype (e4m3 of it times 1/q_scale for an
 fp8 q_out); the cache rows hold k likewise and v (e4m3 of v times 1/v_scale
 for an fp8 cache). Every other byte of q_out and the caches is untouched.
 q is written in place unless ``q_out`` is given; k and v are only read.
-Returns q_out (or q). JAX arrays are not taken (a cache write needs donated
-buffers).
+Returns q_out (or q). JAX arrays are not offered (TypeError): a cache write
+needs donated buffers.
 """
 from __future__ import annotations
 
@@ -67,11 +67,8 @@ def qk_norm_rope_append_kv(q, k, v, config, positions, *, q_weight=None, k_weigh
         raise TypeError(f"config must be a cuprope.RopeConfig, got {type(config).__name__}")
     if positions is None:
         raise ValueError("positions are required (the tokens' positions in their sequences)")
+    caches.refuse_jax("qk_norm_rope_append_kv", q, k, v, k_cache, v_cache, kv_cache, q_out)
     qi, ki, vi = describe(q, "q"), describe(k, "k"), describe(v, "v")
-    for info, name in ((qi, "q"), (ki, "k"), (vi, "v")):
-        if info.kind == "jax":
-            raise TypeError("JAX arrays are immutable: the prologue writes a KV cache in place "
-                            "(not offered for JAX)")
     rank = _LAYOUT_RANK.get(config.layout)
     if rank is None or len(qi.shape) != rank:
         raise ValueError(f"q must be [T, H, D] with config.layout 'thd' or [B, S, H, D] with "
