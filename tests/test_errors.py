@@ -449,13 +449,14 @@ EMPTY_SHAPES = {"bshd": [(0, S, H, D), (B, 0, H, D), (B, S, 0, D)],
 def test_empty_tensors_return_empty_results_of_same_shape_and_dtype(layout, shape, dtype):
     cfg = RopeConfig(D, layout=layout)
     e = np.empty(shape, dtype)
-    y = rope_forward(e, cfg)
+    kw = {"positions": np.arange(shape[0])} if layout == "thd" else {}
+    y = rope_forward(e, cfg, **kw)
     assert isinstance(y, np.ndarray) and y.shape == shape and y.dtype == e.dtype
-    gq, gk = rope_qk_backward(e, e.copy(), cfg)
+    gq, gk = rope_qk_backward(e, e.copy(), cfg, **kw)
     assert gq.shape == gk.shape == shape and gq.dtype == gk.dtype == e.dtype
     o = np.empty_like(e)
-    assert rope_forward(e, cfg, out=o) is o
-    assert rope_forward(e, cfg, inplace=True) is e
+    assert rope_forward(e, cfg, out=o, **kw) is o
+    assert rope_forward(e, cfg, inplace=True, **kw) is e
 
 
 def test_empty_q_does_not_stop_a_non_empty_k_from_being_rotated(rng, cfg):
@@ -817,3 +818,81 @@ def test_cache_ops_refuse_real_jax_arrays(op):
                                         r"immutable: a cache write needs donated buffers\)$"):
         fn(q, k, v, RopeConfig(CR, layout="thd"), pos, k_cache=kc, v_cache=kc, slot_mapping=slots,
            q_out=jnp.zeros_like(q))
+
+
+# --------------------------------------------------------------------------- thd takes positions
+NT = B * S   # packed tokens
+THD_WANT = (r"^layout 'thd' needs positions= \(\[T\]: each packed token's position in its own "
+            r"sequence; seq_offsets= \[1\] instead for one sequence\): packed tokens have no "
+            r"implicit positions$")
+
+
+def _thd_calls(q, k, cfg):
+    from cuprope import qknorm
+    return {"rope_forward": lambda **kw: rope_forward(q, cfg, **kw),
+            "rope_backward": lambda **kw: rope_backward(q, cfg, **kw),
+            "rope_qk_forward": lambda **kw: rope_qk_forward(q, k, cfg, **kw),
+            "rope_qk_backward": lambda **kw: rope_qk_backward(q, k, cfg, **kw),
+            "rope_qk_norm_forward": lambda **kw: qknorm.rope_qk_norm_forward(q, k, cfg, **kw),
+            "rope_qk_norm_backward": lambda **kw: qknorm.rope_qk_norm_backward(
+                q, k, q, k, cfg, **kw)}
+
+
+@pytest.mark.parametrize("fn", list(_thd_calls(None, None, None)))
+def test_thd_without_positions_is_rejected(rng, fn):
+    q, k = randn(rng, (NT, H, D)), randn(rng, (NT, 1, D))
+    call = _thd_calls(q, k, RopeConfig(D, layout="thd"))[fn]
+    with pytest.raises(ValueError, match=THD_WANT):
+        call()
+    with pytest.raises(ValueError, match=THD_WANT):
+        call(offset=7)
+    pos = rng.integers(0, 1000, NT)
+    explicit = call(positions=pos + 7)
+    # one sequence from a start: seq_offsets [1] alone, or positions with an offset
+    for got in (call(positions=pos, offset=7), call(seq_offsets=np.array([7]),
+                                                    positions=pos)):
+        for a, b in zip(got if isinstance(got, tuple) else (got,),
+                        explicit if isinstance(explicit, tuple) else (explicit,)):
+            np.testing.assert_array_equal(a, b)
+    call(seq_offsets=np.array([7]))
+
+
+def test_thd_without_positions_is_rejected_in_the_torch_adapters(rng):
+    torch = pytest.importorskip("torch")
+    import cuprope.torch as ctorch
+    cfg = RopeConfig(D, layout="thd")
+    q = torch.from_numpy(randn(rng, (NT, H, D))).requires_grad_()
+    k = torch.from_numpy(randn(rng, (NT, 1, D))).requires_grad_()
+    for call in (lambda: ctorch.rope(q, cfg), lambda: ctorch.rope_qk(q, k, cfg),
+                 lambda: ctorch.rope_qk_norm(q, k, cfg), lambda: rope_forward(q, cfg)):
+        with pytest.raises(ValueError, match=THD_WANT):
+            call()
+    ctorch.rope_qk(q, k, cfg, positions=torch.arange(NT))[0].sum().backward()
+    assert q.grad is not None
+
+
+def test_thd_without_positions_is_rejected_under_jax(rng):
+    jax = pytest.importorskip("jax")
+    import cuprope.jax as cjax
+    cfg = RopeConfig(D, layout="thd")
+    q, k = jax.numpy.asarray(randn(rng, (NT, H, D))), jax.numpy.asarray(randn(rng, (NT, 1, D)))
+    want = THD_WANT[:-1]                       # JAX appends a note on its filtered traceback
+    for call in (lambda q, k: cjax.rope(q, cfg), lambda q, k: cjax.rope_qk(q, k, cfg),
+                 lambda q, k: cjax.rope_qk_norm(q, k, cfg)):
+        with pytest.raises(ValueError, match=want):
+            call(q, k)
+        with pytest.raises(ValueError, match=want):
+            jax.jit(call)(q, k)
+    got = jax.jit(lambda q, p: cjax.rope(q, cfg, positions=p))(q, jax.numpy.arange(NT))
+    np.testing.assert_array_equal(np.asarray(got), rope_forward(np.asarray(q), cfg,
+                                                                positions=np.arange(NT)))
+
+
+def test_thd_cos_sin_tables_need_no_positions(rng):
+    from cuprope import tables
+    q, k = randn(rng, (NT, H, D)), randn(rng, (NT, 1, D))
+    ang = rng.uniform(0, 6, (NT, D // 2))
+    cos = np.cos(np.concatenate([ang, ang], -1)).astype(np.float32)
+    sin = np.sin(np.concatenate([ang, ang], -1)).astype(np.float32)
+    qo, ko = tables.rope_qk_table_forward(q, k, cos, sin, layout="thd")
+    assert qo.shape == q.shape and not np.array_equal(qo, q)
