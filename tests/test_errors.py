@@ -823,8 +823,9 @@ def test_cache_ops_refuse_real_jax_arrays(op):
 # --------------------------------------------------------------------------- thd takes positions
 NT = B * S   # packed tokens
 THD_WANT = (r"^layout 'thd' needs positions= \(\[T\]: each packed token's position in its own "
-            r"sequence; seq_offsets= \[1\] instead for one sequence\): packed tokens have no "
-            r"implicit positions$")
+            r"sequence, e\.g\. cuprope\.positions\.packed_positions\(cu_seqlens\); "
+            r"seq_offsets= \[1\] instead for one sequence\): packed tokens have no implicit "
+            r"positions$")
 
 
 def _thd_calls(q, k, cfg):

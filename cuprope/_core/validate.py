@@ -169,8 +169,9 @@ def check_indices(config, device, b, s, pos_info, seq_info, shape=None):
     n_str = config.n_streams
     if config.layout == "thd" and pos_info is None and seq_info is None:
         raise ValueError("layout 'thd' needs positions= ([T]: each packed token's position in "
-                         "its own sequence; seq_offsets= [1] instead for one sequence): packed "
-                         "tokens have no implicit positions")
+                         "its own sequence, e.g. cuprope.positions.packed_positions(cu_seqlens); "
+                         "seq_offsets= [1] instead for one sequence): packed tokens have no "
+                         "implicit positions")
     if config.layout == "thd":
         pshapes = [(s,)] if n_str == 1 else [(n_str, s)]
     else:
