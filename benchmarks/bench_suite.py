@@ -329,7 +329,8 @@ ALL = ("rotation", "schemes", "ggml", "qknorm", "kv", "prologue", "mla", "decode
 
 
 def main(argv=None):
-    """Run the selected families, write the CSV; returns 0, or 1 if a family failed."""
+    """Run the selected families, write the CSV; returns 0, 1 if a family failed, or 2
+    without PyTorch."""
     args = parse_args(argv)
     if args.merge:  # no timing: join earlier runs' CSVs (one device)
         try:
@@ -343,7 +344,12 @@ def main(argv=None):
     bad = [f for f in only if f not in ALL]
     if bad:
         sys.exit(f"bench_suite: unknown families {bad}; choose from {', '.join(ALL)}")
-    import torch
+    try:
+        import torch
+    except ImportError:
+        print("bench_suite: error: the suite times on PyTorch, which is not installed: pip "
+              "install torch (a CUDA build)", file=sys.stderr)
+        return 2
     if not torch.cuda.is_available():
         sys.exit("bench_suite: no CUDA GPU visible; nothing to time")
     device = torch.cuda.get_device_name()

@@ -60,7 +60,8 @@ class RopeConfig:
     layout : {"bshd", "bhsd", "thd"}
         Tensor layout: ``[B, S, H, D]``, ``[B, H, S, D]`` or packed ``[T, H, D]``.
     scale : float
-        Multiplies cos and sin (YaRN's attention factor, ggml's mscale).
+        Multiplies cos and sin (YaRN's attention factor, ggml's mscale):
+        positive and finite (0, negative, NaN or inf is a ValueError).
     stream_map : array-like of int, optional
         Position stream per pair, ``[R/2]`` (multimodal RoPE). Positions then
         carry a leading stream axis.
@@ -80,8 +81,9 @@ class RopeConfig:
             raise ValueError(f"rotary_dim must be a positive even integer, got {rotary_dim}")
         if not isinstance(interleaved, (bool, np.bool_)):
             raise TypeError(f"interleaved must be a bool, got {type(interleaved).__name__}")
-        if not np.isfinite(scale):
-            raise ValueError(f"scale must be finite, got {scale}")
+        if not (np.isfinite(scale) and scale > 0):
+            raise ValueError(f"scale must be a positive finite number (it multiplies cos and "
+                             f"sin), got {scale}")
         if layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
         if inv_freq is None:

@@ -209,6 +209,9 @@ def rope_config(head_dim: int, freq_factors=None, *, n_dims: int, mode: int, n_c
         raise ValueError(f"ggml rope: freq_base must be > 0, got {freq_base}")
     if params[1] <= 0:
         raise ValueError(f"ggml rope: freq_scale must be > 0, got {freq_scale}")
+    if params[3] <= 0:
+        raise ValueError(f"ggml rope: attn_factor must be > 0 (it scales cos and sin), got "
+                         f"{attn_factor}")
     n_pairs = n_dims if mode == VISION else n_dims // 2
     ff = None
     if freq_factors is not None:

@@ -503,11 +503,14 @@ class Positions:
 
 def draw_positions(rng, layout, b, s, n_streams):
     """positions (none, [S], [B, S], [T], a leading stream axis for several
-    streams; int32/int64, sometimes strided), offset and seq_offsets, with
+    streams; int32/int64, sometimes strided; thd: [T] unless seq_offsets is
+    drawn), offset and seq_offsets, with
     offset + seq_offset + position <= budget <= 2³¹ − 1. b, s: canonical."""
     kind = pick(rng, ["none", "none", "S"] + (["BS"] if layout != "thd" else []))
     idt = np.dtype(pick(rng, ["int32", "int64"]))
     has_off, has_seq = rng.random() < 0.5, rng.random() < 0.3
+    if layout == "thd" and kind == "none" and not has_seq:
+        kind = "S"  # packed tokens take positions or seq_offsets, never implicit ones
     implicit_span = s - 1 if kind == "none" else 0
     budget = draw_budget(rng, implicit_span)
     comps = [c for c, on in (("off", has_off), ("seq", has_seq), ("pos", kind != "none")) if on]

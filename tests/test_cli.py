@@ -244,6 +244,22 @@ def test_bench_suite_passes_its_arguments_to_the_checkout_suite():
     assert r.returncode != 0 and "nosuchfamily" in r.stderr
 
 
+def test_bench_suite_without_torch_names_the_install_in_one_line(tmp_path):
+    """torch hidden from both interpreters (the CLI's and the suite's child) by a
+    sitecustomize on PYTHONPATH: one error line naming the install, exit 2."""
+    (tmp_path / "sitecustomize.py").write_text("import sys\nsys.modules['torch'] = None\n")
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), str(ROOT)] +
+                                        [p for p in [env.get("PYTHONPATH")] if p])
+    r = subprocess.run([sys.executable, "-m", "cuprope", "bench", "--suite", "--quick"],
+                       capture_output=True, text=True, cwd=ROOT, env=env, timeout=600)
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    assert "Traceback" not in r.stderr and r.stdout == ""
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.stderr
+    assert lines[0].startswith("bench_suite: error: ") and "pip install torch" in lines[0]
+
+
 def test_bench_suite_outside_a_checkout_says_where_the_suite_lives(monkeypatch, capsys):
     from cuprope import bench_short as bench
     monkeypatch.setattr(bench, "suite_path", lambda: None)

@@ -449,13 +449,14 @@ EMPTY_SHAPES = {"bshd": [(0, S, H, D), (B, 0, H, D), (B, S, 0, D)],
 def test_empty_tensors_return_empty_results_of_same_shape_and_dtype(layout, shape, dtype):
     cfg = RopeConfig(D, layout=layout)
     e = np.empty(shape, dtype)
-    y = rope_forward(e, cfg)
+    kw = {"positions": np.arange(shape[0])} if layout == "thd" else {}
+    y = rope_forward(e, cfg, **kw)
     assert isinstance(y, np.ndarray) and y.shape == shape and y.dtype == e.dtype
-    gq, gk = rope_qk_backward(e, e.copy(), cfg)
+    gq, gk = rope_qk_backward(e, e.copy(), cfg, **kw)
     assert gq.shape == gk.shape == shape and gq.dtype == gk.dtype == e.dtype
     o = np.empty_like(e)
-    assert rope_forward(e, cfg, out=o) is o
-    assert rope_forward(e, cfg, inplace=True) is e
+    assert rope_forward(e, cfg, out=o, **kw) is o
+    assert rope_forward(e, cfg, inplace=True, **kw) is e
 
 
 def test_empty_q_does_not_stop_a_non_empty_k_from_being_rotated(rng, cfg):
@@ -643,3 +644,256 @@ def test_cache_that_fits_no_kv_layout_names_kv_layout_without_a_suggestion(rng):
         _append(rng, (4, PAGE, HK + 1, KD))
     assert str(e.value) == (f"the cache holds {HK + 1} heads of {KD} dims as kv_layout='NHD' "
                             f"({NHD}) but k and v have {HK} heads of {KD} dims")
+
+
+# --------------------------------------------------------------------------- errors a user meets
+# The mistakes a first user makes, each answered by one clear error (or accepted, where the
+# intent is plain), never by a silent wrong result or an error from deep inside.
+
+@pytest.mark.parametrize("bad", [0, 0.0, -0.0, -1.0, -1e-30, np.nan, np.inf, -np.inf])
+def test_zero_negative_or_non_finite_scale_is_rejected(bad):
+    with pytest.raises(ValueError, match=r"^scale must be a positive finite number"):
+        RopeConfig(D, scale=bad)
+
+
+def test_torch_tensor_on_another_device_is_rejected_naming_it():
+    torch = pytest.importorskip("torch")
+    x = torch.randn(B, S, H, D, device="meta")
+    with pytest.raises(TypeError, match=r"^x is a torch tensor on device 'meta': cuprope takes "
+                                        r"CUDA or CPU tensors$"):
+        rope_forward(x, RopeConfig(D))
+    q = torch.randn(B, S, H, D)
+    with pytest.raises(TypeError, match=r"^k is a torch tensor on device 'meta'"):
+        rope_qk_forward(q, x, RopeConfig(D))
+    with pytest.raises(TypeError, match=r"^positions is a torch tensor on device 'meta'"):
+        rope_forward(q, RopeConfig(D), positions=torch.arange(S, device="meta"))
+    x.requires_grad_()
+    with pytest.raises(TypeError, match=r"^x is a torch tensor on device 'meta'"):
+        rope_forward(x, RopeConfig(D))
+
+
+E4M3 = np.dtype(ml_dtypes.float8_e4m3fn)
+CT, CHQ, CHK, CD, CR, CDC, CPAGES, CPS = 5, 4, 2, 16, 8, 16, 3, 4   # the cache ops' sizes
+
+
+def _cache_call(op, rng, scales, **kw):
+    """One call of a cache-writing op on NumPy arrays with fp8 caches (and an fp8 q output),
+    ``scales`` its scale arguments. Returns (run, caches): ``run()`` makes the call."""
+    slots = rng.permutation(CPAGES * CPS)[:CT].astype(np.int64)
+    pos = rng.integers(0, 300, CT).astype(np.int64)
+    if op == "mla":
+        from cuprope.mla import rope_append_mla
+        q, k, c = randn(rng, (CT, CHQ, CR)), randn(rng, (CT, CR)), randn(rng, (CT, CDC))
+        cache = np.zeros((CPAGES, CPS, CDC + CR), E4M3)
+        q_out = np.zeros((CT, CHQ, CR), E4M3)
+        return (lambda: rope_append_mla(q, k, c, RopeConfig(CR, interleaved=True), pos,
+                                        kv_cache=cache, slot_mapping=slots, q_pe_out=q_out,
+                                        **scales, **kw)), (cache, q_out)
+    q, k, v = (randn(rng, (CT, h, CD)) for h in (CHQ, CHK, CHK))
+    kc, vc = (np.zeros((CPAGES, CPS, CHK, CD), E4M3) for _ in range(2))
+    q_out = np.zeros((CT, CHQ, CD), E4M3)
+    cfg = RopeConfig(CR, layout="thd")
+    if op == "kv":
+        from cuprope.kvcache import rope_append_kv as fn
+    else:
+        from cuprope.prologue import qk_norm_rope_append_kv as fn
+    return (lambda: fn(q, k, v, cfg, pos, k_cache=kc, v_cache=vc, slot_mapping=slots,
+                       q_out=q_out, **scales, **kw)), (kc, vc, q_out)
+
+
+SCALE_NAMES = {"kv": ("q_scale", "k_scale", "v_scale"), "prologue": ("q_scale", "k_scale",
+                                                                     "v_scale"),
+               "mla": ("q_scale", "kv_scale")}
+
+
+@pytest.mark.parametrize("op", list(SCALE_NAMES))
+def test_numpy_scalar_fp8_scales_are_taken_as_0d_arrays(rng, op):
+    """``k_scale=np.float32(0.05)`` on the NumPy backend: the same bytes as a 0-d array."""
+    names = SCALE_NAMES[op]
+    seed = int(rng.integers(1 << 30))
+    values = {n: 0.02 + 0.01 * i for i, n in enumerate(names)}
+    run_a, got = _cache_call(op, np.random.default_rng(seed),
+                             {n: np.float32(x) for n, x in values.items()})
+    run_b, want = _cache_call(op, np.random.default_rng(seed),
+                              {n: np.array(x, np.float32) for n, x in values.items()})
+    run_a()
+    run_b()
+    assert any(a.view(np.uint8).any() for a in got)
+    for a, b in zip(got, want):
+        np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))
+
+
+@pytest.mark.filterwarnings("ignore:divide by zero:RuntimeWarning")
+@pytest.mark.parametrize("op,name", [(op, n) for op, ns in SCALE_NAMES.items() for n in ns])
+@pytest.mark.parametrize("bad", [0.0, -0.5, np.nan, np.inf])
+def test_zero_negative_or_non_finite_fp8_scale_with_check_is_rejected(rng, op, name, bad):
+    scales = {n: np.array(bad if n == name else 0.05, np.float32) for n in SCALE_NAMES[op]}
+    run, caches = _cache_call(op, rng, scales, check=True)
+    with pytest.raises(ValueError, match=rf"^{name} must be positive and finite \(x is stored as "
+                                         rf"e4m3 of x \* \(1/{name}\)\), got "):
+        run()
+    assert not any(c.view(np.uint8).any() for c in caches)      # nothing written
+    run, _ = _cache_call(op, rng, scales)                         # unchecked: not read first
+    run()
+
+
+@pytest.mark.parametrize("op", ["kv", "prologue"])
+def test_one_bad_per_head_fp8_scale_with_check_is_rejected(rng, op):
+    per_head = np.full(CHK, 0.05, np.float32)
+    per_head[1] = 0.0
+    scales = {"q_scale": np.array(0.05, np.float32), "k_scale": np.full(CHK, 0.05, np.float32),
+              "v_scale": per_head}
+    run, _ = _cache_call(op, rng, scales, check=True)
+    with pytest.raises(ValueError, match=r"^v_scale must be positive and finite .*got 0\.0$"):
+        run()
+
+
+@pytest.mark.filterwarnings("ignore:divide by zero:RuntimeWarning")
+def test_unchecked_zero_fp8_scale_saturates_as_documented(rng):
+    scales = {"q_scale": np.array(0.05, np.float32), "k_scale": np.array(0.0, np.float32),
+              "v_scale": np.array(0.05, np.float32)}
+    run, (kc, _, _) = _cache_call("kv", rng, scales)
+    run()
+    written = kc.view(np.uint8)[kc.view(np.uint8) != 0]
+    assert written.size and set(np.unique(written)) <= {0x7E, 0xFE}    # ±448
+
+
+class _FakeJaxArray:
+    """An object cuprope takes for a JAX array (its type's module is JAX's)."""
+
+
+_FakeJaxArray.__module__ = "jax._src.array"
+
+
+@pytest.mark.parametrize("op", ["kv", "prologue", "mla"])
+@pytest.mark.parametrize("which", ["inputs", "cache"])
+def test_cache_ops_refuse_jax_arrays_naming_donation(rng, op, which):
+    """A JAX array anywhere a cache op writes or reads: the op is not offered for JAX."""
+    from cuprope.kvcache import rope_append_kv
+    from cuprope.mla import rope_append_mla
+    from cuprope.prologue import qk_norm_rope_append_kv
+    fake = _FakeJaxArray()
+    pos, slots = np.arange(CT), np.arange(CT, dtype=np.int64)
+    want = (r"^(rope_append_kv|qk_norm_rope_append_kv|rope_append_mla) is not offered for JAX "
+            r"arrays \(immutable: a cache write needs donated buffers\)$")
+    if op == "mla":
+        q, k, c = randn(rng, (CT, CHQ, CR)), randn(rng, (CT, CR)), randn(rng, (CT, CDC))
+        cache = np.zeros((CPAGES, CPS, CDC + CR), np.float32)
+        args = (fake, k, c) if which == "inputs" else (q, k, c)
+        kw = dict(kv_cache=cache if which == "inputs" else fake, slot_mapping=slots)
+        with pytest.raises(TypeError, match=want.replace("(rope_append_kv|qk_norm_rope_append_kv|"
+                                                         "rope_append_mla)", "rope_append_mla")):
+            rope_append_mla(*args, RopeConfig(CR, interleaved=True), pos, **kw)
+        return
+    q, k, v = (randn(rng, (CT, h, CD)) for h in (CHQ, CHK, CHK))
+    kc = np.zeros((CPAGES, CPS, CHK, CD), np.float32)
+    args = (q, fake, v) if which == "inputs" else (q, k, v)
+    kw = dict(k_cache=kc if which == "inputs" else fake, v_cache=kc.copy(), slot_mapping=slots)
+    fn = rope_append_kv if op == "kv" else qk_norm_rope_append_kv
+    with pytest.raises(TypeError, match=want.replace(
+            "(rope_append_kv|qk_norm_rope_append_kv|rope_append_mla)", fn.__name__)):
+        fn(*args, RopeConfig(CR, layout="thd"), pos, **kw)
+
+
+@pytest.mark.parametrize("op", ["kv", "prologue", "mla"])
+def test_cache_ops_refuse_real_jax_arrays(op):
+    jax = pytest.importorskip("jax")
+    jnp = jax.numpy
+    rng = np.random.default_rng(3)
+    pos, slots = jnp.arange(CT), jnp.arange(CT)     # refused before any dtype is read
+    if op == "mla":
+        from cuprope.mla import rope_append_mla
+        q, k, c = (jnp.asarray(randn(rng, s)) for s in ((CT, CHQ, CR), (CT, CR), (CT, CDC)))
+        cache = jnp.zeros((CPAGES, CPS, CDC + CR), jnp.float32)
+        with pytest.raises(TypeError, match=r"^rope_append_mla is not offered for JAX arrays"):
+            rope_append_mla(q, k, c, RopeConfig(CR, interleaved=True), pos, kv_cache=cache,
+                            slot_mapping=slots, q_pe_out=jnp.zeros_like(q))
+        return
+    from cuprope.kvcache import rope_append_kv
+    from cuprope.prologue import qk_norm_rope_append_kv
+    fn = rope_append_kv if op == "kv" else qk_norm_rope_append_kv
+    q, k, v = (jnp.asarray(randn(rng, (CT, h, CD))) for h in (CHQ, CHK, CHK))
+    kc = jnp.zeros((CPAGES, CPS, CHK, CD), jnp.float32)
+    with pytest.raises(TypeError, match=rf"^{fn.__name__} is not offered for JAX arrays \("
+                                        r"immutable: a cache write needs donated buffers\)$"):
+        fn(q, k, v, RopeConfig(CR, layout="thd"), pos, k_cache=kc, v_cache=kc, slot_mapping=slots,
+           q_out=jnp.zeros_like(q))
+
+
+# --------------------------------------------------------------------------- thd takes positions
+NT = B * S   # packed tokens
+THD_WANT = (r"^layout 'thd' needs positions= \(\[T\]: each packed token's position in its own "
+            r"sequence, e\.g\. cuprope\.positions\.packed_positions\(cu_seqlens\); "
+            r"seq_offsets= \[1\] instead for one sequence\): packed tokens have no implicit "
+            r"positions$")
+
+
+def _thd_calls(q, k, cfg):
+    from cuprope import qknorm
+    return {"rope_forward": lambda **kw: rope_forward(q, cfg, **kw),
+            "rope_backward": lambda **kw: rope_backward(q, cfg, **kw),
+            "rope_qk_forward": lambda **kw: rope_qk_forward(q, k, cfg, **kw),
+            "rope_qk_backward": lambda **kw: rope_qk_backward(q, k, cfg, **kw),
+            "rope_qk_norm_forward": lambda **kw: qknorm.rope_qk_norm_forward(q, k, cfg, **kw),
+            "rope_qk_norm_backward": lambda **kw: qknorm.rope_qk_norm_backward(
+                q, k, q, k, cfg, **kw)}
+
+
+@pytest.mark.parametrize("fn", list(_thd_calls(None, None, None)))
+def test_thd_without_positions_is_rejected(rng, fn):
+    q, k = randn(rng, (NT, H, D)), randn(rng, (NT, 1, D))
+    call = _thd_calls(q, k, RopeConfig(D, layout="thd"))[fn]
+    with pytest.raises(ValueError, match=THD_WANT):
+        call()
+    with pytest.raises(ValueError, match=THD_WANT):
+        call(offset=7)
+    pos = rng.integers(0, 1000, NT)
+    explicit = call(positions=pos + 7)
+    # one sequence from a start: seq_offsets [1] alone, or positions with an offset
+    for got in (call(positions=pos, offset=7), call(seq_offsets=np.array([7]),
+                                                    positions=pos)):
+        for a, b in zip(got if isinstance(got, tuple) else (got,),
+                        explicit if isinstance(explicit, tuple) else (explicit,)):
+            np.testing.assert_array_equal(a, b)
+    call(seq_offsets=np.array([7]))
+
+
+def test_thd_without_positions_is_rejected_in_the_torch_adapters(rng):
+    torch = pytest.importorskip("torch")
+    import cuprope.torch as ctorch
+    cfg = RopeConfig(D, layout="thd")
+    q = torch.from_numpy(randn(rng, (NT, H, D))).requires_grad_()
+    k = torch.from_numpy(randn(rng, (NT, 1, D))).requires_grad_()
+    for call in (lambda: ctorch.rope(q, cfg), lambda: ctorch.rope_qk(q, k, cfg),
+                 lambda: ctorch.rope_qk_norm(q, k, cfg), lambda: rope_forward(q, cfg)):
+        with pytest.raises(ValueError, match=THD_WANT):
+            call()
+    ctorch.rope_qk(q, k, cfg, positions=torch.arange(NT))[0].sum().backward()
+    assert q.grad is not None
+
+
+def test_thd_without_positions_is_rejected_under_jax(rng):
+    jax = pytest.importorskip("jax")
+    import cuprope.jax as cjax
+    cfg = RopeConfig(D, layout="thd")
+    q, k = jax.numpy.asarray(randn(rng, (NT, H, D))), jax.numpy.asarray(randn(rng, (NT, 1, D)))
+    want = THD_WANT[:-1]                       # JAX appends a note on its filtered traceback
+    for call in (lambda q, k: cjax.rope(q, cfg), lambda q, k: cjax.rope_qk(q, k, cfg),
+                 lambda q, k: cjax.rope_qk_norm(q, k, cfg)):
+        with pytest.raises(ValueError, match=want):
+            call(q, k)
+        with pytest.raises(ValueError, match=want):
+            jax.jit(call)(q, k)
+    got = jax.jit(lambda q, p: cjax.rope(q, cfg, positions=p))(q, jax.numpy.arange(NT))
+    np.testing.assert_array_equal(np.asarray(got), rope_forward(np.asarray(q), cfg,
+                                                                positions=np.arange(NT)))
+
+
+def test_thd_cos_sin_tables_need_no_positions(rng):
+    from cuprope import tables
+    q, k = randn(rng, (NT, H, D)), randn(rng, (NT, 1, D))
+    ang = rng.uniform(0, 6, (NT, D // 2))
+    cos = np.cos(np.concatenate([ang, ang], -1)).astype(np.float32)
+    sin = np.sin(np.concatenate([ang, ang], -1)).astype(np.float32)
+    qo, ko = tables.rope_qk_table_forward(q, k, cos, sin, layout="thd")
+    assert qo.shape == q.shape and not np.array_equal(qo, q)

@@ -510,6 +510,8 @@ def test_src0_rank_and_dtype():
     (dict(freq_scale=float("nan")), "freq_scale must be finite"),
     (dict(ext_factor=float("inf")), "ext_factor must be finite"),
     (dict(attn_factor=float("nan")), "attn_factor must be finite"),
+    (dict(attn_factor=0.0), "attn_factor must be > 0"),
+    (dict(attn_factor=-1.0), "attn_factor must be > 0"),
     (dict(beta_fast=-1.0, ext_factor=1.0, n_ctx_orig=100), "non-finite"),
 ])
 def test_bad_float_parameters(kw, msg):

@@ -465,6 +465,30 @@ def test_append_repeated_call_still_raises_for_bad_input():
                                cfg, pos, **kw)
 
 
+@pytest.mark.parametrize("bad", [0.0, -0.05, float("nan"), float("inf")])
+@pytest.mark.parametrize("name", ["k_scale", "v_scale"])
+def test_append_bad_device_scale_with_check_raises_and_writes_nothing(bad, name):
+    """check=True reads the device scales (with the indices) before the launch."""
+    torch = _torch()
+    cfg = SCHEMES["default"](128, False)
+    q, k, v, pos, kw = _decode_append_args(gen(48), "bfloat16", "fp8", "slots")
+    kw[name] = torch.tensor(bad, device="cuda")
+    before = _state(q, kw)
+    with pytest.raises(ValueError, match=rf"^{name} must be positive and finite"):
+        kvcache.rope_append_kv(q, k, v, cfg, pos, check=True, **kw)
+    assert _state(q, kw) == before
+    kvcache.rope_append_kv(q, k, v, cfg, pos, **kw)   # unchecked: the kernel reads it as is
+
+
+def test_append_numpy_scalar_scale_with_gpu_tensors_says_to_wrap_it():
+    cfg = SCHEMES["default"](128, False)
+    q, k, v, pos, kw = _decode_append_args(gen(49), "bfloat16", "fp8", "slots")
+    with pytest.raises(ValueError, match=r"^k_scale is a NumPy scalar \(host memory\) but the "
+                                         r"tensors are on cuda:0: wrap it as a float32 device "
+                                         r"scalar, e\.g\. torch\.tensor\(0\.05, "):
+        kvcache.rope_append_kv(q, k, v, cfg, pos, **{**kw, "k_scale": np.float32(0.05)})
+
+
 def _rotary_args(g, dtype, t=6, hq=8, hk=2, d=128, with_key=True):
     torch = _torch()
     ang = np.arange(512)[:, None] * 10000.0 ** (-np.arange(d // 2) / (d // 2))

@@ -81,6 +81,8 @@ def run_case(rng, *, dtype="bfloat16", layout="bshd", b=2, s=37, hq=4, hk=2, d=6
     general kernel instead of the fast path's 16-byte packs)."""
     if layout == "thd":
         b = 1
+        if positions is None and not seq_offsets:
+            positions = "bs"  # packed tokens take explicit positions
     cfg, pos_kind = _config(scheme, r, interleaved, layout, hq, rng)
     if scheme == "per_head":
         hk = hq
@@ -194,8 +196,8 @@ def test_norm_kinds_and_gqa(rng, dtype, norm, weight, offset_w, hk):
     (None, 0, False), (None, 1000, True), ("bs", 0, False), ("bs", -7, True)])
 @pytest.mark.parametrize("layout", ["bshd", "thd"])
 def test_positions(rng, positions, offset, seq_offsets, layout):
-    if layout == "thd" and seq_offsets:
-        pytest.skip("packed tokens: one sequence")
+    if layout == "thd" and (seq_offsets or positions is None):
+        pytest.skip("packed tokens: one sequence, explicit positions")
     run_case(rng, positions=positions, offset=offset, seq_offsets=seq_offsets, layout=layout)
 
 

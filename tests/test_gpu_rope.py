@@ -67,15 +67,18 @@ def test_forward_and_backward_match_reference(dtype, interleaved, partial, head_
     cfg = cuprope.RopeConfig(rot, interleaved=interleaved, layout=layout, base=10000.0)
     x = rand(shape_for(layout, 2, 19, 3, head_dim), dtype, rng)
     offset = int(rng.integers(0, 5000))
+    # packed tokens take explicit positions (random, one per token)
+    kw = _positions("pos[S]int32", 1, 38, rng) if layout == "thd" else {}
+    kw.update(offset=offset)
     xmax = float(host(x).__abs__().max())
     for inverse, fn in ((False, cuprope.rope_forward), (True, cuprope.rope_backward)):
         out = poisoned_like(x)
-        res = fn(x, cfg, offset=offset, out=out)
+        res = fn(x, cfg, out=out, **kw)
         assert res is out
-        ref = expected(host(x), cfg, inverse=inverse, offset=offset)
+        ref = expected(host(x), cfg, inverse=inverse, **_np_pos(kw))
         _record(dtype, assert_matches(host(out), ref, xmax, dtype), xmax)
         # the default-allocated output path gives the same bits
-        res2 = fn(x, cfg, offset=offset)
+        res2 = fn(x, cfg, **kw)
         assert type(res2) is type(x) and res2.device == x.device
         assert (res2.view(-1).view(np_int_view(dtype)) == out.view(-1).view(np_int_view(dtype))).all()
 

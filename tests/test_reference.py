@@ -481,9 +481,9 @@ def test_rope_backward_matches_complex_form_with_conjugate_rotation(rng, layout,
     b = 1 if layout == "thd" else B
     g = randn(rng, shape_for(layout, b, S, H, 12), dtype)
     cfg = RopeConfig(r, interleaved=interleaved, layout=layout, base=500000.0)
-    seq_off = None if layout == "thd" else np.array([3, 40], np.int64)
+    seq_off = np.array([7], np.int64) if layout == "thd" else np.array([3, 40], np.int64)
     y = cuprope.rope_backward(g, cfg, offset=2, seq_offsets=seq_off)
-    tok = np.arange(S)[None, :] + 2 + (0 if seq_off is None else seq_off[:, None])
+    tok = np.arange(S)[None, :] + 2 + seq_off[:, None]
     tok = np.broadcast_to(tok, (b, S))
     ref = expect_api(g, layout, r, interleaved, tok, seed_theta(r, 500000.0), inverse=True,
                      form=complex_form)
@@ -577,7 +577,7 @@ def test_rope_forward_out_receives_result_and_input_is_untouched(rng, layout):
     x0 = x.copy()
     out = np.full_like(x, 7.0)
     cfg = RopeConfig(16, layout=layout, interleaved=True)
-    y = cuprope.rope_forward(x, cfg, out=out)
+    y = cuprope.rope_forward(x, cfg, out=out, positions=np.arange(S))
     assert y is out
     np.testing.assert_array_equal(x, x0)
     tok = np.broadcast_to(np.arange(S), (b, S))
@@ -592,7 +592,7 @@ def test_rope_forward_inplace_rotates_x_itself_and_leaves_dims_past_R(rng, layou
     x = randn(rng, shape_for(layout, b, S, H, D), "bfloat16")
     x0 = x.copy()
     cfg = RopeConfig(8, layout=layout, interleaved=interleaved)
-    y = cuprope.rope_forward(x, cfg, inplace=True, offset=100)
+    y = cuprope.rope_forward(x, cfg, inplace=True, offset=100, positions=np.arange(S))
     assert y is x
     tok = np.broadcast_to(np.arange(S) + 100, (b, S))
     assert_rounded(x, expect_api(x0, layout, 8, interleaved, tok, seed_theta(8)), "bfloat16", 5.0)
@@ -664,12 +664,12 @@ def test_rope_forward_per_head_inv_freq_rotates_each_head_with_its_row(rng, layo
     x = randn(rng, shape_for(layout, b, S, h, 10), "float32")
     cfg = RopeConfig(r, inv_freq=table, layout=layout)
     assert cfg.per_head
-    y = cuprope.rope_forward(x, cfg)
+    y = cuprope.rope_forward(x, cfg, positions=np.arange(S))
     tok = np.broadcast_to(np.arange(S), (b, S))
     assert_rounded(y, expect_api(x, layout, r, False, tok, table, form=complex_form), "float32", 5.0)
     # heads given the same input vector differ in output only through their table rows
     x_same = np.broadcast_to(x[..., :1, :] if layout != "bhsd" else x[:, :1], x.shape).copy()
-    ys = cuprope.rope_forward(x_same, cfg)
+    ys = cuprope.rope_forward(x_same, cfg, positions=np.arange(S))
     hs = (lambda a, i: a[:, i]) if layout == "bhsd" else (lambda a, i: a[..., i, :])
     assert np.max(np.abs(hs(ys, 0)[..., 1:, :] - hs(ys, 1)[..., 1:, :])) > 1e-3
 

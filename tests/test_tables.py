@@ -125,6 +125,68 @@ def test_dropin_falls_back_to_hf_where_the_kernel_does_not_apply(device):
     assert_bitwise(out[0], hf_rotate(qh, cos, sin, 1))
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("grad_tables", [False, True], ids=["kernel", "hf-formula"])
+def test_dropin_with_tables_narrower_than_the_head_raises_as_hf_does(device, grad_tables):
+    """Llama's formula cannot broadcast cos/sin of R < D dims against a D-dim
+    head (RuntimeError); the drop-in raises the same type, naming partial_rotary."""
+    cos, sin = hf_tables(1, 5, 8, torch.float32, device)
+    cos = cos.clone().requires_grad_(grad_tables)
+    q = randn((1, 2, 5, 16), torch.float32, device, 12)
+    k = randn((1, 1, 5, 16), torch.float32, device, 13)
+    with pytest.raises(RuntimeError):   # Llama's formula
+        q * cos.unsqueeze(1) + rotate_half(q) * sin.unsqueeze(1)
+    try:
+        from transformers.models.llama import modeling_llama
+    except ImportError:
+        pass
+    else:
+        with pytest.raises(RuntimeError):   # Llama's own function
+            modeling_llama.apply_rotary_pos_emb(q, k, cos, sin)
+    with pytest.raises(RuntimeError, match=r"^cos and sin have 8 dims but q's head has 16: HF's "
+                                           r"apply_rotary_pos_emb rotates the whole head \(for "
+                                           r"partial rotary, .* pass partial_rotary=True\)$"):
+        ctorch.apply_rotary_pos_emb(q, k, cos, sin)
+    wide_c, wide_s = hf_tables(1, 5, 32, torch.float32, device)
+    for partial in (False, True):
+        with pytest.raises(RuntimeError, match=r"^cos and sin have 32 dims but q's head has 16: "
+                                               r"HF's apply_rotary_pos_emb rotates the whole "
+                                               r"head$"):
+            ctorch.apply_rotary_pos_emb(q, k, wide_c, wide_s, partial_rotary=partial)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("grad_tables", [False, True], ids=["kernel", "hf-formula"])
+def test_dropin_partial_rotary_rotates_the_first_r_dims_bit_for_bit(device, dtype, grad_tables):
+    """partial_rotary=True: HF's formula on the first R dims, the rest concatenated back (as
+    GPT-NeoX's apply_rotary_pos_emb), outputs and gradients bit for bit."""
+    cos, sin = hf_tables(2, 7, 16, dtype, device, seed=5)
+    q0 = randn((2, 3, 7, 40), dtype, device, 14)
+    k0 = randn((2, 1, 7, 40), dtype, device, 15)
+    wq, wk = randn(q0.shape, dtype, device, 16), randn(k0.shape, dtype, device, 17)
+
+    def run(fn):
+        q, k = q0.clone().requires_grad_(), k0.clone().requires_grad_()
+        c = cos.clone().requires_grad_(grad_tables)
+        qo, ko = fn(q, k, c, sin)
+        ((qo * wq).sum() + (ko * wk).sum()).backward()
+        return qo.detach(), ko.detach(), q.grad, k.grad
+
+    ours = run(lambda q, k, c, s: ctorch.apply_rotary_pos_emb(q, k, c, s, partial_rotary=True))
+    theirs = run(lambda q, k, c, s: (hf_rotate(q, c, s, 1), hf_rotate(k, c, s, 1)))
+    assert not torch.equal(ours[0][..., :16], q0[..., :16])
+    assert torch.equal(ours[0][..., 16:], q0[..., 16:])
+    for a, t in zip(ours, theirs):
+        assert_bitwise(a, t)
+    try:
+        from transformers.models.gpt_neox import modeling_gpt_neox
+    except ImportError:
+        return
+    for a, t in zip(ours, run(modeling_gpt_neox.apply_rotary_pos_emb)):
+        assert_bitwise(a, t)
+
+
 def test_dropin_rejects_an_unknown_unsqueeze_dim():
     cos, sin = hf_tables(1, 3, 8, torch.float32, "cpu")
     q = torch.randn(1, 2, 3, 8)

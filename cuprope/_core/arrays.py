@@ -108,7 +108,9 @@ def framework(obj) -> str:
 
 
 def describe(obj, name: str) -> ArrayInfo:
-    """ArrayInfo for ``obj``; TypeError naming ``name`` if it is not an array."""
+    """ArrayInfo for ``obj``; TypeError naming ``name`` if it is not an array,
+    or is a torch tensor on neither a CUDA device nor the CPU (``meta``,
+    ``mps``, ...)."""
     kind = framework(obj)
     if kind == "numpy":
         return ArrayInfo(obj, obj, "numpy", obj.ctypes.data, obj.shape,
@@ -120,6 +122,9 @@ def describe(obj, name: str) -> ArrayInfo:
         else:
             obj_eff = obj
         dev = obj_eff.device
+        if dev.type not in ("cuda", "cpu"):
+            raise TypeError(f"{name} is a torch tensor on device {str(dev)!r}: cuprope takes CUDA "
+                            f"or CPU tensors")
         return ArrayInfo(obj, obj_eff, "torch", obj_eff.data_ptr(), tuple(obj_eff.shape),
                          tuple(obj_eff.stride()), _torch_dtype_name(obj_eff.dtype),
                          dev.index if dev.type == "cuda" else -1, obj_eff.element_size())

@@ -163,9 +163,15 @@ def check_index(info, name, device, shapes, hint=None):
 def check_indices(config, device, b, s, pos_info, seq_info, shape=None):
     """positions ``[S]``, ``[B, S]`` or ``[T]`` (with a leading stream axis
     under a stream map) and seq_offsets ``[B]``, contiguous; either may be
-    None. ``shape``: the rotated tensor's, to name ``layout=`` when positions
-    fit its head axis instead of its sequence axis."""
+    None, except both for ``thd`` (its tokens' positions are never guessed).
+    ``shape``: the rotated tensor's, to name ``layout=`` when positions fit
+    its head axis instead of its sequence axis."""
     n_str = config.n_streams
+    if config.layout == "thd" and pos_info is None and seq_info is None:
+        raise ValueError("layout 'thd' needs positions= ([T]: each packed token's position in "
+                         "its own sequence, e.g. cuprope.positions.packed_positions(cu_seqlens); "
+                         "seq_offsets= [1] instead for one sequence): packed tokens have no "
+                         "implicit positions")
     if config.layout == "thd":
         pshapes = [(s,)] if n_str == 1 else [(n_str, s)]
     else:

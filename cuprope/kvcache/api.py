@@ -44,11 +44,18 @@ output) and v are stored as e4m3 of ``x · (1/scale)`` (fp32 product, 1/scale
 rounded to fp32, round to nearest even, saturating to ±448; NaN stores
 0x7f). ``k_scale``, ``v_scale``: float32 device scalars ``[]`` or ``[1]``, or
 per head ``[Hk]`` (both), read by the kernel at run time (a captured CUDA
-graph sees new values). ``q_out`` may be e4m3 too, with ``q_scale``.
-``cuprope.kvcache.reference.dequantize`` reads a cache back.
+graph sees new values); on the host a NumPy scalar (``np.float32(0.05)``)
+is taken as ``[]``. ``q_out`` may be e4m3 too, with ``q_scale``.
+``cuprope.kvcache.reference.dequantize`` reads a cache back. A scale must be
+positive and finite: ``check=True`` reads them (with the indices) and raises
+ValueError otherwise; without it they are not checked, and a bad one
+stores what 1/scale gives: 0 saturates every non-zero value to ±448 (a
+0 stores NaN), a negative scale flips the signs, inf stores zeros and NaN
+stores NaN (0x7f).
 
 q is rotated in place unless ``q_out`` is given (q's shape; q's dtype or
-e4m3). Returns q_out (or q).
+e4m3). Returns q_out (or q). JAX arrays are not offered (TypeError): a cache
+write needs donated buffers.
 """
 from __future__ import annotations
 
@@ -62,8 +69,8 @@ from .launch import angle_table, copy_packs, kv_spec, pick_kv_vec
 from .._core.loader import KV_ANGLES, KV_FP8_CACHE, KV_FP8_Q
 from ..config import RopeConfig
 from .arrays import index_info, np_view, to_host, token_geometry
-from .caches import (KV_LAYOUTS, addressing, addressing_fields, cache_args, cache_views, is_fp8,
-                     q_out_info, scale_info)
+from .caches import (KV_LAYOUTS, addressing, addressing_fields, cache_args, cache_views,
+                     check_scales, is_fp8, q_out_info, refuse_jax, scale_info)
 from ..torch_guard import engaged
 
 __all__ = ["rope_append_kv", "KV_LAYOUTS", "token_geometry", "index_info", "to_host",
@@ -110,6 +117,7 @@ def _append(q, k, v, config, positions, k_cache, v_cache, kv_cache, kv_layout, s
         header = ("kv", fastpath.get_ident(), kv_layout)
         if fastpath.fast_call(config._launches.fast, fastpath.adapter_of(q), header, arrays):
             return q if q_out is None else q_out
+    refuse_jax("rope_append_kv", q, k, v, k_cache, v_cache, kv_cache, q_out)
     qi, ki, vi = describe(q, "q"), describe(k, "k"), describe(v, "v")
     geo = {}
     for info, name in ((qi, "q"), (ki, "k"), (vi, "v")):
@@ -156,6 +164,7 @@ def _append(q, k, v, config, positions, k_cache, v_cache, kv_cache, kv_layout, s
     if check:
         kref.check_indices({n: to_host(i).astype(np.int64).reshape(-1) for n, i in addr.items()},
                            pages, page_size)
+        check_scales({f"{n}_scale": i for n, i in scales.items()})
     if t == 0:
         return qo.obj
     if dev < 0:

@@ -11,10 +11,18 @@ import numpy as np
 
 from . import reference as kref
 from .._core import validate
-from .._core.arrays import describe, overlaps
-from .arrays import index_info, np_view
+from .._core.arrays import describe, framework, overlaps
+from .arrays import index_info, np_view, to_host
 
 KV_LAYOUTS = ("NHD", "HND")
+
+
+def refuse_jax(op, *arrays):
+    """TypeError when any of ``arrays`` (None skipped) is a JAX array: ``op``
+    writes a cache in place, which JAX's immutable arrays do not allow."""
+    if any(a is not None and framework(a) == "jax" for a in arrays):
+        raise TypeError(f"{op} is not offered for JAX arrays (immutable: a cache write needs "
+                        f"donated buffers)")
 
 
 def is_fp8(info):
@@ -79,9 +87,17 @@ def _heads_mismatch(shape, kv_layout, hk, d):
 
 
 def scale_info(x, name, device, sizes):
-    """The info of an fp8 scale ``x`` (float32, one of ``sizes``, on ``device``)."""
+    """The info of an fp8 scale ``x`` (float32, one of ``sizes``, on ``device``).
+    A NumPy scalar (``np.float32(0.05)``) is taken as a 0-d host array on the
+    host; with GPU tensors the error says to wrap it as a device scalar."""
     if x is None:
         raise ValueError(f"{name} is needed: an fp8 target is stored as e4m3 of x * (1/{name})")
+    if isinstance(x, np.generic):
+        if device >= 0:
+            raise ValueError(f"{name} is a NumPy scalar (host memory) but the tensors are on "
+                             f"cuda:{device}: wrap it as a float32 device scalar, e.g. "
+                             f"torch.tensor({float(x):.6g}, device='cuda')")
+        x = np.asarray(x)
     info = describe(x, name)
     if info.dtype != "float32":
         raise TypeError(f"{name} must be a float32 array, got {info.dtype}")
@@ -91,6 +107,20 @@ def scale_info(x, name, device, sizes):
         raise ValueError(f"{name} must have shape " + " or ".join(str(list(s)) for s in sizes)
                          + f" (contiguous), got {list(info.shape)}")
     return info
+
+
+def check_scales(scales):
+    """``check=True``'s look at the fp8 scales (``{name: info or None}``, read
+    on the host: a device sync): each value positive and finite, else a
+    ValueError naming the scale."""
+    for name, info in scales.items():
+        if info is None:
+            continue
+        vals = to_host(info).astype(np.float32).reshape(-1)
+        bad = vals[~(np.isfinite(vals) & (vals > 0))]
+        if bad.size:
+            raise ValueError(f"{name} must be positive and finite (x is stored as e4m3 of "
+                             f"x * (1/{name})), got {bad[0]}")
 
 
 def addressing(dev, tshapes, slot_mapping, kv_indices, kv_indptr, batch_indices,

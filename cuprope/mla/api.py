@@ -35,14 +35,18 @@ Outputs
   ``[:Dc]``, the rotated k_pe in ``[Dc:]``), or FlashInfer's pair
   ``ckv_cache [pages, page_size, Dc]`` and ``kpe_cache [pages, page_size,
   R]``. dtype: q's, or e4m3 with ``kv_scale`` (one float32 device scalar
-  ``[]``/``[1]``, read at run time: a captured CUDA graph sees new values).
-  k_pe itself is not written.
+  ``[]``/``[1]``, read at run time: a captured CUDA graph sees new values;
+  a NumPy scalar on the host). k_pe itself is not written.
 
 fp8 stores ``e4m3(x · (1/scale))`` (1/scale rounded to fp32, fp32 product,
 round to nearest even, saturating to ±448) of the value rounded to q's dtype
 first (the rotated values equal ``cuprope.rope_forward``'s bit for bit).
 Scales divide, as vLLM's ``concat_and_cache_mla`` does (FlashInfer's
-``quant_scale_*`` multiply: pass their reciprocal).
+``quant_scale_*`` multiply: pass their reciprocal). A scale must be positive
+and finite: ``check=True`` reads the scales too and raises ValueError for 0,
+a negative, inf or NaN; without it a bad scale stores what 1/scale gives (0
+saturates to ±448, a negative flips the signs, inf stores zeros, NaN stores
+NaN).
 
 Addressing (as ``cuprope.kvcache.rope_append_kv``): ``slot_mapping`` int64
 ``[T]`` (slot = page · page_size + row, negative = padding), or
@@ -54,8 +58,8 @@ raises ValueError naming the first bad one.
 
 Backends: CUDA (torch or CuPy arrays, one launch on the current or given
 stream; nothing allocated, CUDA-graph capturable), or the NumPy reference on
-the CPU (NumPy / CPU torch arrays: float64 rotation rounded once). JAX is not
-supported (its arrays are immutable; a cache append needs buffer donation).
+the CPU (NumPy / CPU torch arrays: float64 rotation rounded once). JAX arrays
+are not offered (TypeError): a cache write needs donated buffers.
 """
 from __future__ import annotations
 
@@ -67,7 +71,8 @@ from .._core.arrays import describe, overlaps
 from .._core.loader import KV_FP8_CACHE, KV_FP8_Q
 from ..config import LaunchCache, RopeConfig
 from ..kvcache.arrays import index_info, np_view, to_host
-from ..kvcache.caches import addressing, addressing_fields, scale_info
+from ..kvcache.caches import (addressing, addressing_fields, check_scales, refuse_jax,
+                              scale_info)
 from .launch import mla_spec, pick_vec
 from .reference import rotate_pe
 
@@ -93,9 +98,6 @@ def _tensor(x, name, shapes, like=None, out=False):
     if like is not None and (info.kind != like.kind or info.device != like.device):
         raise ValueError(f"{name} must be a {like.kind} array on q_pe's device ({like.device}), "
                          f"got {info.kind} on {info.device}")
-    if info.kind == "jax":
-        raise TypeError("JAX arrays are not supported by rope_append_mla (immutable: a cache "
-                        "append needs buffer donation)")
     want, ok = shapes
     if not ok(tuple(info.shape)):
         raise ValueError(f"{name} must be {want}, got shape {list(info.shape)}")
@@ -156,6 +158,8 @@ def rope_append_mla(q_pe, k_pe, ckv, config, positions, *, kv_cache=None, ckv_ca
     if config.per_head or config.stream_map is not None:
         raise ValueError("rope_append_mla takes a shared frequency table (no per-head table, no "
                          "stream map)")
+    refuse_jax("rope_append_mla", q_pe, k_pe, ckv, kv_cache, ckv_cache, kpe_cache, q_nope,
+               q_nope_out, q_pe_out)
     qi = _tensor(q_pe, "q_pe", ("[T, H, R]", lambda s: len(s) == 3))
     t, h, r = qi.shape
     if r != config.rotary_dim:
@@ -208,6 +212,7 @@ def rope_append_mla(q_pe, k_pe, ckv, config, positions, *, kv_cache=None, ckv_ca
     if check:
         kref.check_indices({n: to_host(i).astype(np.int64).reshape(-1) for n, i in addr.items()},
                            pages, page_size)
+        check_scales({"q_scale": qs, "kv_scale": ks})
     if t == 0:
         return qoi.obj
     arrays = dict(q=qi, k=ki, ckv=ci, q_nope=qni, q_nope_out=qnoi, q_out=qoi, pos=pos,

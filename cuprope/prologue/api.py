@@ -16,8 +16,10 @@ computed angles (no HF ``tables``); the cache, its addressing (``slot_mapping``
 or ``kv_indices`` / ``kv_indptr`` / ``batch_indices`` / ``cache_positions``),
 ``kv_layout`` ("NHD"/"HND"), separate ``k_cache``/``v_cache`` or one
 ``kv_cache``, the fp8 scales ``q_scale``/``k_scale``/``v_scale`` (float32
-device scalars, k and v per head too), ``check`` and what is skipped
-(padding, indices out of range) are ``rope_append_kv``'s.
+device scalars, k and v per head too; positive and finite: ``check=True``
+raises ValueError for 0, a negative, inf or NaN scale, which without it
+stores what 1/scale gives), ``check`` and what is skipped (padding, indices
+out of range) are ``rope_append_kv``'s.
 
 Results: the bits of ``rope_qk_norm_forward(q, k, config, ...)`` followed by
 ``rope_append_kv`` of its q and k (with a rotation by angle 0): q_out holds
@@ -25,8 +27,8 @@ the normed, rotated q rounded to the dtype (e4m3 of it times 1/q_scale for an
 fp8 q_out); the cache rows hold k likewise and v (e4m3 of v times 1/v_scale
 for an fp8 cache). Every other byte of q_out and the caches is untouched.
 q is written in place unless ``q_out`` is given; k and v are only read.
-Returns q_out (or q). JAX arrays are not taken (a cache write needs donated
-buffers).
+Returns q_out (or q). JAX arrays are not offered (TypeError): a cache write
+needs donated buffers.
 """
 from __future__ import annotations
 
@@ -65,11 +67,8 @@ def qk_norm_rope_append_kv(q, k, v, config, positions, *, q_weight=None, k_weigh
         raise TypeError(f"config must be a cuprope.RopeConfig, got {type(config).__name__}")
     if positions is None:
         raise ValueError("positions are required (the tokens' positions in their sequences)")
+    caches.refuse_jax("qk_norm_rope_append_kv", q, k, v, k_cache, v_cache, kv_cache, q_out)
     qi, ki, vi = describe(q, "q"), describe(k, "k"), describe(v, "v")
-    for info, name in ((qi, "q"), (ki, "k"), (vi, "v")):
-        if info.kind == "jax":
-            raise TypeError("JAX arrays are immutable: the prologue writes a KV cache in place "
-                            "(not offered for JAX)")
     rank = _LAYOUT_RANK.get(config.layout)
     if rank is None or len(qi.shape) != rank:
         raise ValueError(f"q must be [T, H, D] with config.layout 'thd' or [B, S, H, D] with "
@@ -105,6 +104,7 @@ def qk_norm_rope_append_kv(q, k, v, config, positions, *, q_weight=None, k_weigh
     if check:
         kref.check_indices({n: to_host(i).astype(np.int64).reshape(-1) for n, i in addr.items()},
                            pages, page_size)
+        caches.check_scales({f"{n}_scale": i for n, i in scales.items()})
     if t == 0:
         return qo.obj
     if dev < 0:

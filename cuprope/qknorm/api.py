@@ -3,7 +3,8 @@ Qwen3, Gemma 3 and OLMo 2 apply right before RoPE, and Llama 4 right after
 it, forward and backward, q and k in one launch.
 
 Shapes (``config.layout`` as in ``cuprope.rope.api``): q ``[B, S, Hq, D]``
-(``"bshd"``), ``[B, Hq, S, D]`` (``"bhsd"``) or ``[T, Hq, D]`` (``"thd"``), k
+(``"bshd"``), ``[B, Hq, S, D]`` (``"bhsd"``) or ``[T, Hq, D]`` (``"thd"``:
+positions, seq_offsets or tables required, as ``cuprope.rope.api`` says), k
 the same with Hk heads (GQA/MQA); float32, float16 or bfloat16; any batch,
 sequence and head strides, a contiguous last dim. Weights: 1-D contiguous,
 ``[D]`` for ``norm_over="head"``, ``[H·D]`` (that tensor's heads) for

@@ -9,7 +9,8 @@ arrays run the float64 NumPy reference and are cast back to their dtype.
 Shapes, by ``config.layout``:
   * ``"bshd"``: x ``[B, S, H, D]``; positions ``[S]`` or ``[B, S]``
   * ``"bhsd"``: x ``[B, H, S, D]``; positions ``[S]`` or ``[B, S]``
-  * ``"thd"``:  x ``[T, H, D]`` (packed tokens); positions ``[T]``
+  * ``"thd"``:  x ``[T, H, D]`` (packed tokens); positions ``[T]``, required
+    (or ``seq_offsets`` ``[1]`` for one sequence): a ValueError without both
 With a multi-stream config (``stream_map``), positions gain a leading stream
 axis ``[n_streams, ...]``. Positions are int32 or int64; without them token s
 of a sequence sits at ``offset + seq_offsets[b] + s``; with them at

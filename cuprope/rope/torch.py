@@ -12,10 +12,11 @@ public :mod:`cuprope.torch` (with the other ops' adapters). The core
 * CUDA graphs: warm up once per (config, device) before capture, so the
   frequency table is already on the device; calls then allocate only outputs
   through torch's (graph-aware) allocator.
-* ``apply_rotary_pos_emb(q, k, cos, sin, position_ids=None, unsqueeze_dim=1)``
-  — a drop-in for Hugging Face's function of that name: it reads the model's
-  own cos/sin tensors (``cuprope.tables``) and returns HF's result bit for bit,
-  with HF's gradients. One line switches a Llama-style model::
+* ``apply_rotary_pos_emb(q, k, cos, sin, position_ids=None, unsqueeze_dim=1,
+  *, partial_rotary=False)`` — a drop-in for Hugging Face's function of that
+  name: it reads the model's own cos/sin tensors (``cuprope.tables``) and
+  returns HF's result bit for bit, with HF's gradients. One line switches a
+  Llama-style model::
 
       transformers.models.llama.modeling_llama.apply_rotary_pos_emb = \
           cuprope.torch.apply_rotary_pos_emb
@@ -274,20 +275,42 @@ def _rotate_half(x):
 
 
 def _hf_formula(q, k, cos, sin, unsqueeze_dim):
+    r = cos.shape[-1]
+    if r < q.shape[-1]:  # partial_rotary: the first R dims, the rest concatenated back
+        qr, kr = _hf_formula(q[..., :r], k[..., :r], cos, sin, unsqueeze_dim)
+        return torch.cat((qr, q[..., r:]), dim=-1), torch.cat((kr, k[..., r:]), dim=-1)
     cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
     return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
 
 
+def _check_width(q, k, cos, partial_rotary):
+    """RuntimeError (Llama's broadcasting error, named) when cos/sin do not
+    cover q's and k's heads exactly (or, with ``partial_rotary``, are wider)."""
+    r = cos.shape[-1] if cos.dim() else 0
+    for x, name in ((q, "q"), (k, "k")):
+        d = x.shape[-1] if x.dim() else 0
+        if r == d or (partial_rotary and r < d):
+            continue
+        hint = (" (for partial rotary, where only the first R dims turn, pass "
+                "partial_rotary=True)" if r < d else "")
+        raise RuntimeError(f"cos and sin have {r} dims but {name}'s head has {d}: HF's "
+                           f"apply_rotary_pos_emb rotates the whole head{hint}")
+
+
 def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                         position_ids: Optional[torch.Tensor] = None, unsqueeze_dim: int = 1):
+                         position_ids: Optional[torch.Tensor] = None, unsqueeze_dim: int = 1, *,
+                         partial_rotary: bool = False):
     """Drop-in for Hugging Face's ``apply_rotary_pos_emb`` (Llama and the many
     models that copy it): ``q * cos + rotate_half(q) * sin``, same for k.
 
     q ``[B, Hq, S, D]`` and k ``[B, Hk, S, D]`` with ``unsqueeze_dim=1`` (HF's
     default), or ``[B, S, H, D]`` with ``unsqueeze_dim=2``; cos, sin
     ``[B, S, R]`` (or ``[1, S, R]``) as the model's rotary embedding returns
-    them, in q's dtype. R = D is HF's case; R < D rotates the first R dims and
-    passes the rest through. ``position_ids`` is ignored, as in HF.
+    them, in q's dtype. R = D is Llama's case: cos/sin of another width are a
+    RuntimeError, as its broadcasting raises. ``partial_rotary=True`` takes
+    R < D: the first R dims rotate and the rest pass through, as GPT-NeoX's
+    own ``apply_rotary_pos_emb`` does (and Phi's attention around Llama's).
+    ``position_ids`` is ignored, as in HF.
 
     The result and the gradients equal HF's bit for bit (every product and sum
     rounded in q's dtype as PyTorch's eager kernels round them). Where the
@@ -301,6 +324,7 @@ def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, si
         raise ValueError(f"unsqueeze_dim must be 1 ([B, H, S, D]) or 2 ([B, S, H, D]), "
                          f"got {unsqueeze_dim}")
     layout = "bhsd" if unsqueeze_dim in (1, -3) else "bshd"
+    _check_width(q, k, cos, partial_rotary)
     if (cos.requires_grad or sin.requires_grad or cos.dtype != q.dtype
             or sin.dtype != q.dtype):
         return _hf_formula(q, k, cos, sin, unsqueeze_dim)
