@@ -73,6 +73,9 @@ def call(name, tensors, targets, target_kind, core, adapter, instead, stream=Non
         return res
     single = isinstance(res, torch.Tensor)
     for t, r in zip(targets, (res,) if single else res):
+        # torch renews a view's autograd data lazily: reading grad_fn first lets a view
+        # whose base an earlier target's copy made require grad take this copy too
+        t.grad_fn
         t.copy_(r)  # in place through autograd: the gradient flows into the old value
     return targets[0] if single else tuple(targets)
 
