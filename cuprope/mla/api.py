@@ -40,7 +40,8 @@ Outputs
 
 fp8 stores ``e4m3(x · (1/scale))`` (1/scale rounded to fp32, fp32 product,
 round to nearest even, saturating to ±448) of the value rounded to q's dtype
-first (the rotated values equal ``cuprope.rope_forward``'s bit for bit).
+first (the rotated values equal ``cuprope.rope_forward``'s bit for bit,
+whatever the arrays' alignment: every pack width rounds a pair alike).
 Scales divide, as vLLM's ``concat_and_cache_mla`` does (FlashInfer's
 ``quant_scale_*`` multiply: pass their reciprocal).
 
