@@ -20,10 +20,14 @@ device scalars, k and v per head too), ``check`` and what is skipped
 (padding, indices out of range) are ``rope_append_kv``'s.
 
 Results: the bits of ``rope_qk_norm_forward(q, k, config, ...)`` followed by
-``rope_append_kv`` of its q and k (with a rotation by angle 0): q_out holds
-the normed, rotated q rounded to the dtype (e4m3 of it times 1/q_scale for an
-fp8 q_out); the cache rows hold k likewise and v (e4m3 of v times 1/v_scale
-for an fp8 cache). Every other byte of q_out and the caches is untouched.
+``rope_append_kv`` of its q and k (with a rotation by angle 0), up to the
+sign of zero: q_out holds the normed, rotated q rounded to the dtype (e4m3 of
+it times 1/q_scale for an fp8 q_out); the cache rows hold k likewise and v
+(e4m3 of v times 1/v_scale for an fp8 cache). Every other byte of q_out and
+the caches is untouched. (The two calls' angle-0 rotation computes x1 - x2·0
+and x2 + x1·0 from the rounded values: where a value is -0.0 it may give
++0.0, an e4m3 byte 0x00 for 0x80, as the sign of its pair partner decides,
+and beside an infinity NaN; this launch stores the values as they are.)
 q is written in place unless ``q_out`` is given; k and v are only read.
 Returns q_out (or q). JAX arrays are not taken (a cache write needs donated
 buffers).
