@@ -28,6 +28,7 @@ from cuprope import cos_sin_cache as csc  # noqa: E402
 from cuprope import kvcache  # noqa: E402
 from cuprope import torch as ctorch  # noqa: E402
 from cuprope.prologue import torch as ptorch  # noqa: E402
+from cuprope.qknorm import torch as qtorch  # noqa: E402
 
 # Top-level modules: probed (their __all__, and an op package's torch adapter
 # module's), or why not.
@@ -245,14 +246,10 @@ PROBES = {
                                  {"qkv": "inplace", "q_weight": "grad", "k_weight": "grad",
                                   "cos_sin_cache": "type"}),
     "qknorm.torch.rope_qk_norm_backward_op": ({**QK, "gq": QK["q"], "gk": QK["k"]},
-                                              lambda t: ctorch_qknorm().rope_qk_norm_backward_op(
+                                              lambda t: qtorch.rope_qk_norm_backward_op(
                                                   t["q"], t["k"], t["gq"], t["gk"], CFG)[:2],
                                               {"q": "type", "gk": "type"}),
 }
-
-
-def ctorch_qknorm():
-    return importlib.import_module("cuprope.qknorm.torch")
 
 
 # ---------------------------------------------------------------- coverage
