@@ -91,7 +91,7 @@ class RopeConfig:
                 raise ValueError(f"base must be a positive finite number, got {base}")
             table = default_inv_freq(rotary_dim, base)
         else:
-            table = np.array(host_array(inv_freq), dtype=np.float64)
+            table = np.array(host_array(inv_freq, "inv_freq"), dtype=np.float64)
             if table.ndim not in (1, 2) or table.shape[-1] != rotary_dim // 2:
                 raise ValueError(
                     f"inv_freq must have shape [R/2] or [H, R/2] with R/2 = {rotary_dim // 2}, "
@@ -102,7 +102,7 @@ class RopeConfig:
         smap = None
         n_streams = 1
         if stream_map is not None:
-            smap = np.array(host_array(stream_map))
+            smap = np.array(host_array(stream_map, "stream_map"))
             if smap.shape != (rotary_dim // 2,) or smap.dtype.kind not in "iu":
                 raise ValueError(
                     f"stream_map must be an integer array of shape [{rotary_dim // 2}], "
@@ -178,10 +178,18 @@ class RopeConfig:
                 f"layout={self.layout!r}, scale={self.scale}{extra})")
 
 
-def host_array(a):
-    """Array-like on the host (accepts NumPy, lists, CuPy/torch tensors)."""
+def host_array(a, name="an array"):
+    """Array-like on the host (accepts NumPy, lists, CuPy/torch tensors).
+    These are constants to cuprope: a torch tensor that requires grad, with
+    grad mode on, is a TypeError (``name`` in it), not a silent detach."""
     if hasattr(a, "get") and type(a).__module__.startswith("cupy"):
         return a.get()
     if type(a).__module__.startswith("torch"):
+        if a.requires_grad:
+            import torch
+            if torch.is_grad_enabled():
+                raise TypeError(f"{name} requires grad, but cuprope reads it as constant host "
+                                f"values (no gradient reaches it): pass {name}.detach(), or "
+                                f"call under torch.no_grad()")
         return a.detach().cpu().numpy()
     return np.asarray(a)

@@ -215,7 +215,7 @@ def rope_config(head_dim: int, freq_factors=None, *, n_dims: int, mode: int, n_c
     n_pairs = n_dims if mode == VISION else n_dims // 2
     ff = None
     if freq_factors is not None:
-        ff = np.asarray(host_array(freq_factors))
+        ff = np.asarray(host_array(freq_factors, "freq_factors"))
         if ff.ndim != 1 or ff.dtype.kind != "f":
             raise ValueError(f"ggml rope: freq_factors must be a 1-D float array, got "
                              f"{ff.dtype} {ff.shape}")

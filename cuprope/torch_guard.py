@@ -41,6 +41,19 @@ def engaged(a, b=None, out=None) -> bool:
     return _tracing()
 
 
+def engaged_any(*xs) -> bool:
+    """``engaged`` for an op that reads or writes every array of ``xs`` (None
+    skipped; an inference op: ``out`` does not matter): one of them requires
+    grad, or one is a torch tensor while dynamo is tracing."""
+    seen = False
+    for x in xs:
+        rg = getattr(x, "requires_grad", None)
+        if rg:
+            return True
+        seen = seen or rg is not None
+    return seen and _tracing()
+
+
 def _tracing() -> bool:
     """Whether dynamo is tracing; the first call rebinds the name to
     ``torch.compiler.is_dynamo_compiling`` (a torch tensor means torch is

@@ -73,6 +73,9 @@ def call(name, tensors, targets, target_kind, core, adapter, instead, stream=Non
         return res
     single = isinstance(res, torch.Tensor)
     for t, r in zip(targets, (res,) if single else res):
+        # torch renews a view's autograd data lazily: reading grad_fn first lets a view
+        # whose base an earlier target's copy made require grad take this copy too
+        t.grad_fn
         t.copy_(r)  # in place through autograd: the gradient flows into the old value
     return targets[0] if single else tuple(targets)
 
@@ -101,9 +104,20 @@ def untraceable(core):
     return core()
 
 
-def inference_op(name, tensors, written, core):
-    """An inference op writing ``written`` in place (``cuprope.kvcache``'s
-    append): TypeError under autograd (RuntimeError into a leaf that requires
+TRAINING = "cuprope.torch.rope_qk for training (this is an inference op)"
+
+
+def inference_op(name, tensors, written, core, instead=TRAINING):
+    """An inference op reading ``tensors`` and writing ``written`` in place
+    (a KV-cache append, ``cuprope.mla``, ``cuprope.prologue``): TypeError
+    under autograd naming ``instead`` (RuntimeError into a leaf that requires
     grad), a graph break under torch.compile."""
-    return call(name, tensors, written, "inplace", core, None,
-                "cuprope.torch.rope_qk for training (this is an inference op)")
+    return call(name, tensors, written, "inplace", core, None, instead)
+
+
+def check_inference(name, tensors, written, instead=TRAINING):
+    """``inference_op``'s refusals alone, for a front end that runs its own
+    custom op: raises as it does when grad mode is on and a tensor of
+    ``tensors`` or ``written`` requires grad; else returns None."""
+    if torch.is_grad_enabled() and any(requires_grad(t) for t in (*tensors, *written)):
+        call(name, tensors, written, "inplace", None, None, instead)  # raises

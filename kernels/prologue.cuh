@@ -10,8 +10,10 @@
 // with a sink (PrologueSink) in place of its output stores: every value is
 // rounded to T as QK-norm's output is, then stored as T or as e4m3 of
 // x * (1 / scale) exactly as kv_rope_kernel stores a row, so the results are
-// the bits of rope_qk_norm_forward followed by rope_append_kv. Blocks
-// [norm_blocks, grid) copy v into the cache, one warp per token at a time.
+// the bits of rope_qk_norm_forward followed by rope_append_kv, up to the sign
+// of zero (that call's angle-0 rotation adds x2 * 0 to x1: a -0 may come out
+// +0 there; here it is stored as it is). Blocks [norm_blocks, grid) copy v
+// into the cache, one warp per token at a time.
 #pragma once
 
 #include "kvcache.cuh"

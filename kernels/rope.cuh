@@ -79,8 +79,12 @@ __device__ __forceinline__ void rotate_chunk(Pack<T, VEC>& p0, Pack<T, VEC>& p1,
     const float2 cs = pair_value<INTERLEAVED, VEC>(cs0, cs1, stride, v);
     const float x1 = to_f32(e1);
     const float x2 = to_f32(e2);
-    e1 = from_f32<T>(x1 * cs.x - x2 * cs.y);
-    e2 = from_f32<T>(x2 * cs.x + x1 * cs.y);
+    // explicit FMAs: a contracted a*b + c*d fused whichever product the compiler
+    // chose, and its choice varied with VEC, so pack widths (an aligned and a
+    // misaligned view) differed in the last bit; this way every kernel and width
+    // rounds a pair alike
+    e1 = from_f32<T>(fmaf(x1, cs.x, -(x2 * cs.y)));
+    e2 = from_f32<T>(fmaf(x2, cs.x, x1 * cs.y));
   }
 }
 

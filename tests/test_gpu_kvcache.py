@@ -137,8 +137,8 @@ def head_dims_case(d, device="cuda"):
                      hk=8, d=d, pages=300, device=device)
 
 
-def unaligned_case(device="cuda"):
-    check_append(11, "bfloat16", SCHEMES["partial"](128, True), "same", "slots", q_offset=1,
+def unaligned_case(device="cuda", dtype="bfloat16"):
+    check_append(11, dtype, SCHEMES["partial"](128, True), "same", "slots", q_offset=1,
                  device=device)
 
 
@@ -221,8 +221,11 @@ def test_head_dims_and_decode_sizes(d):
     head_dims_case(d)
 
 
-def test_unaligned_rows_take_the_one_pair_width():
-    unaligned_case()
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_unaligned_rows_take_the_one_pair_width(dtype):
+    """q off the 16-byte grid: the append takes the one-pair width, the core's
+    call on an aligned copy the widest; the bits agree (fp32 included)."""
+    unaligned_case(dtype=dtype)
 
 
 def test_per_head_table_and_mrope_equal_the_core():

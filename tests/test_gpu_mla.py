@@ -245,6 +245,37 @@ def test_mla_one_pair_width():
     assert torch.equal(flat[slots, :512], ckv) and torch.equal(flat[slots, 512:], k_core)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+@pytest.mark.parametrize("scheme", ["deepseek_v3", "half_split"])
+def test_mla_misaligned_cache_rotates_as_the_aligned_core(dtype, scheme):
+    """A cache view off the 16-byte grid sends the whole call to the one-pair
+    width while the core's call on aligned copies takes the widest: the
+    rotated q_pe and the cached k_pe still equal rope_forward's bit for bit,
+    fp32 included (one contraction of the rotation at every width), and so
+    does the core's own call on misaligned copies."""
+    torch = _torch()
+    g = torch.Generator(device="cuda")
+    g.manual_seed(zlib.crc32(f"{dtype}{scheme}".encode()))
+    cfg = SCHEMES[scheme]()
+    t, h, pages, ps = 29, 8, 6, 8
+    q, k, ckv = randn((t, h, 64), dtype, g), randn((t, 64), dtype, g), randn((t, 512), dtype, g)
+    pos = torch.from_numpy(np.random.default_rng(2).integers(0, 2 ** 31 - 1, t)).cuda()
+    cache = poison((pages, ps, 577), dtype, g)[..., 1:]  # rows one element off the grid
+    slots = torch.randperm(pages * ps, device="cuda", generator=g)[:t]
+    q_core = cuprope.rope_forward(q.clone(), thd(cfg), positions=pos)
+    k_core = cuprope.rope_forward(k.clone()[:, None], thd(cfg), positions=pos)[:, 0]
+    q_odd = randn((t, h, 65), dtype, g)[..., 1:]
+    q_odd.copy_(q)
+    q_odd_core = cuprope.rope_forward(q_odd, thd(cfg), positions=pos)  # the one-pair core
+    rope_append_mla(q, k, ckv, cfg, pos, kv_cache=cache, slot_mapping=slots)
+    torch.cuda.synchronize()
+    assert np.array_equal(host_bytes(q), host_bytes(q_core)), "q_pe differs from the core's"
+    assert np.array_equal(host_bytes(q_odd_core), host_bytes(q_core)), "core: widths differ"
+    rows = cache.reshape(pages * ps, 576)[slots]
+    assert np.array_equal(host_bytes(rows[:, :512]), host_bytes(ckv))
+    assert np.array_equal(host_bytes(rows[:, 512:]), host_bytes(k_core)), "k_pe differs"
+
+
 def test_mla_cuda_graph_replays_new_positions_scales_slots():
     """A captured call replays with new positions, scales and slots written
     into the same tensors (the kernel reads them at run time)."""

@@ -5,7 +5,8 @@ Exactness: one launch must give the bytes of ``rope_qk_norm_forward``
 followed by ``rope_append_kv`` of its q and k turned by angle 0 (cos 1,
 sin 0: the identity, so that call only stores), on caches that start as the
 same random bytes: q's output, every cache row written, and every byte not
-written (padding and out-of-range indices write nothing). Plus the float64
+written (padding and out-of-range indices write nothing); up to the sign of
+an exact zero, which that identity rotation may flip (constructed zeros). Plus the float64
 reference (cuprope.prologue.reference) within a tolerance a wrong kernel
 cannot meet, and CUDA-graph replays with new positions, slots and scales.
 """
@@ -206,6 +207,46 @@ def test_bshd_and_scaled_config():
     b = composed(q, k, v, cfg_t, pos, norm, kw_t)
     assert_same((a[0].reshape(q.shape), a[1]), b)
     assert not torch.equal(a[0].reshape(q.shape), q)
+
+
+def _zero_signs_cleared(x):
+    """x's elements as unsigned integers (its dtype's width), -0.0 made +0.0."""
+    b = np.ascontiguousarray(host_bytes(x))
+    bits = b.view({1: np.uint8, 2: np.uint16, 4: np.uint32}[x.element_size()]).copy()
+    sign = bits.dtype.type(1 << (8 * bits.itemsize - 1))
+    bits[bits == sign] = 0
+    return bits
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+@pytest.mark.parametrize("fp8", [(), ("q", "cache")])
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_exact_zeros_after_the_norm_agree_up_to_their_sign(dtype, fp8, interleaved):
+    """Weights with zeros (and -0.0) give exact zeros after the norm, both
+    elements of some pairs. The two calls' second rotation, by angle 0 (cos
+    1, sin +0: x1 - x2·0, x2 + x1·0), can turn a -0.0 into +0.0 (an e4m3
+    0x80 into 0x00) where the one launch stores it as its arithmetic gave
+    it: the documented equality is up to the sign of zero. Every other byte
+    agrees, the q output's and the caches' alike."""
+    torch = _torch()
+    q, k, v, pos, w, kw = make(41 + interleaved, dtype, 24, fp8=fp8)
+    for name in ("q_weight", "k_weight"):
+        wt = w[name].clone()
+        wt[::4] = 0.0      # with the -0.0s, both elements of pairs (j, j + 64) and
+        wt[1::8] = -0.0    # (2i, 2i + 1) for some j and i
+        w[name] = wt
+    norm = {**w, "eps": 1e-6}
+    qdt = torch.float8_e4m3fn if "q" in fp8 else None
+    cfg = cfg_thd(interleaved=interleaved)
+    a = fused(q, k, v, cfg, pos, norm, kw, qdt)
+    b = composed(q, k, v, cfg, pos, norm, kw, qdt)
+    torch.cuda.synchronize()
+    zeros = 0
+    for name, x, y in [("q", a[0], b[0])] + [(n, a[1][n], b[1][n]) for n in a[1]]:
+        xs, ys = _zero_signs_cleared(x), _zero_signs_cleared(y)
+        assert np.array_equal(xs, ys), f"{name}: {np.count_nonzero(xs != ys)} elements differ"
+        zeros += np.count_nonzero(xs == 0)
+    assert zeros > 0, "the inputs gave no exact zero"
 
 
 # ---------------------------------------------------------------- against float64

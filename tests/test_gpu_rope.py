@@ -210,6 +210,26 @@ def test_transposed_bhsd_view_and_unaligned_fallback(dtype, rng):
     assert_matches(host(out2), expected(host(y), cfg2), np.abs(host(y)).max(), dtype)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_every_pack_width_gives_the_same_bits(dtype, interleaved, rng):
+    """The same values at element offsets 0, 1, 2 and 4 from the 16-byte grid
+    run the pack widths 8 (16-bit) / 4 (fp32), 1, 2 and 4: every width rounds
+    a pair alike, so the outputs are the same bytes (the fused ops' equality
+    with rope_forward on differently aligned tensors rests on this)."""
+    import torch
+    cfg = cuprope.RopeConfig(64, base=500.0, interleaved=interleaved)
+    x = rand((2, 9, 3, 64), dtype, rng)
+    pos = torch.from_numpy(rng.integers(0, 2 ** 31 - 1, (2, 9))).cuda()
+    outs = []
+    for off in (0, 1, 2, 4):
+        y = torch.empty((2, 9, 3, 64 + 8), dtype=x.dtype, device="cuda")[..., off:off + 64]
+        y.copy_(x)
+        outs.append(cuprope.rope_forward(y, cfg, positions=pos).contiguous())
+    for off, o in zip((1, 2, 4), outs[1:]):
+        assert torch.equal(o.view(torch.uint8), outs[0].view(torch.uint8)), off
+
+
 @pytest.mark.parametrize("position", [2 ** 20, 131_072, 1_000_003, 2 ** 31 - 1])
 def test_angles_exact_at_large_positions(position, rng):
     """fp32 output within 1e-6·max|x| of float64 at very large positions: the

@@ -71,7 +71,7 @@ from ..config import RopeConfig
 from .arrays import index_info, np_view, to_host, token_geometry
 from .caches import (KV_LAYOUTS, addressing, addressing_fields, cache_args, cache_views,
                      check_scales, is_fp8, q_out_info, refuse_jax, scale_info)
-from ..torch_guard import engaged
+from ..torch_guard import engaged_any
 
 __all__ = ["rope_append_kv", "KV_LAYOUTS", "token_geometry", "index_info", "to_host",
            "np_view"]
@@ -90,16 +90,18 @@ def rope_append_kv(q, k, v, config, positions, *, k_cache=None, v_cache=None, kv
     its packed launch (cuprope/_core/fastpath.py).
 
     Torch tensors (``cuprope.torch_guard``): an inference op, not
-    differentiable. With grad mode on, q, k, v or q_out requiring grad is a
-    TypeError (a leaf written in place: RuntimeError, as torch's in-place
-    ops); under ``torch.compile`` the call is a graph break."""
+    differentiable. With grad mode on, any tensor argument requiring grad (q,
+    k, v, a scale, q_out or a cache) is a TypeError (a leaf written in place:
+    RuntimeError, as torch's in-place ops); under ``torch.compile`` the call
+    is a graph break."""
     args = (q, k, v, config, positions, k_cache, v_cache, kv_cache, kv_layout, slot_mapping,
             kv_indices, kv_indptr, batch_indices, cache_positions, kv_last_page_len, q_out,
             q_scale, k_scale, v_scale, check, stream)
-    if engaged(q, k, q_out) or getattr(v, "requires_grad", False):
+    written = (q if q_out is None else q_out, k_cache, v_cache, kv_cache)
+    if engaged_any(q, k, v, q_scale, k_scale, v_scale, *written):
         from ..torch_route import inference_op
-        written = (q if q_out is None else q_out, k_cache, v_cache, kv_cache)
-        return inference_op("rope_append_kv", (q, k, v),
+        read = (q, k, v, q_scale, k_scale, v_scale)
+        return inference_op("rope_append_kv", tuple(t for t in read if t is not None),
                             tuple(t for t in written if t is not None),
                             lambda: _append(*args))
     return _append(*args)

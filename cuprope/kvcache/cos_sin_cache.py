@@ -52,7 +52,7 @@ from .._core.arrays import describe
 from .launch import angle_table
 from ..config import RopeConfig
 from ..reference import round_to_dtype
-from ..torch_guard import engaged
+from ..torch_guard import engaged_any
 from .rotary import rotate_by_cache
 
 __all__ = ["build_cos_sin_cache", "rotary_embedding"]
@@ -68,14 +68,14 @@ def rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox=Tr
     its packed launch (cuprope/_core/fastpath.py; the call itself is ``cuprope.kvcache.rotary``).
 
     Torch tensors (``cuprope.torch_guard``): an inference op, not
-    differentiable. With grad mode on, query or key requiring grad is a
-    TypeError (a leaf: RuntimeError, as torch's in-place ops); under
-    ``torch.compile`` the call is the custom op ``cuprope::rotary_embedding``
-    (``cuprope.torch.rotary_embedding``)."""
+    differentiable. With grad mode on, query, key or cos_sin_cache requiring
+    grad is a TypeError (query or key a leaf: RuntimeError, as torch's
+    in-place ops); under ``torch.compile`` the call is the custom op
+    ``cuprope::rotary_embedding`` (``cuprope.torch.rotary_embedding``)."""
     def core():
         return rotate_by_cache(positions, query, key, head_size, cos_sin_cache, is_neox, check,
                                stream, rope_dim_offset, inverse)
-    if engaged(query, key):
+    if engaged_any(query, key, cos_sin_cache):
         from .torch import route_rotation
         return route_rotation(positions, query, key, head_size, cos_sin_cache, is_neox,
                               rope_dim_offset, inverse, stream, core)

@@ -13,7 +13,7 @@ from typing import Optional
 import torch
 
 from .. import torch_route
-from ..torch_guard import engaged
+from ..torch_guard import engaged_any
 from .rotary import rotate_by_cache
 
 __all__ = ["rotary_embedding"]
@@ -53,7 +53,7 @@ def rotary_embedding(positions: torch.Tensor, query: torch.Tensor, key: Optional
     Returns None. Not differentiable (an inference op). See
     ``cuprope.cos_sin_cache`` for the details. Under ``torch.compile`` it is
     the custom op ``cuprope::rotary_embedding`` (mutating query and key)."""
-    if not engaged(query, key):  # the common case first: no grad, not traced
+    if not engaged_any(query, key, cos_sin_cache):  # the common case first: no grad, not traced
         rotate_by_cache(positions, query, key, head_size, cos_sin_cache, is_neox, False, None,
                         rope_dim_offset, inverse)
     elif torch.compiler.is_compiling():
@@ -71,7 +71,7 @@ def _in_place(positions, query, key, head_size, cos_sin_cache, is_neox, rope_dim
     def core():
         return rotate_by_cache(positions, query, key, head_size, cos_sin_cache, is_neox, False,
                                None, rope_dim_offset, inverse)
-    if engaged(query, key):
+    if engaged_any(query, key, cos_sin_cache):
         route_rotation(positions, query, key, head_size, cos_sin_cache, is_neox, rope_dim_offset,
                        inverse, None, core)
     else:
@@ -85,9 +85,10 @@ def route_rotation(positions, query, key, head_size, cos_sin_cache, is_neox, rop
     autograd, the custom op ``cuprope::rotary_embedding``; otherwise as
     ``torch_route.inference_op``."""
     written = (query,) if key is None else (query, key)
-    grad = torch.is_grad_enabled() and any(torch_route.requires_grad(t) for t in written)
+    read = written + (cos_sin_cache,)
+    grad = torch.is_grad_enabled() and any(torch_route.requires_grad(t) for t in read)
     if torch.compiler.is_compiling() and stream is None and not grad:
         rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox,
                          rope_dim_offset, inverse)
         return query, key
-    return torch_route.inference_op("rotary_embedding", written, written, core)
+    return torch_route.inference_op("rotary_embedding", read, written, core)

@@ -76,7 +76,7 @@ def normalize_theta(theta, heads: int, head_dim: int) -> np.ndarray:
     """θ as float64 ``[1 or H, E]``, the shape rules of the module docstring
     applied; a last dim of 1 is expanded to every pair (E = D/2)."""
     half = head_dim // 2
-    t = np.asarray(host_array(theta))
+    t = np.asarray(host_array(theta, "theta"))
     if t.dtype == np.bool_ or t.dtype.kind not in "fiu":
         raise TypeError(f"theta must hold real numbers, got dtype {t.dtype}")
     t = t.astype(np.float64)

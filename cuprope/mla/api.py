@@ -40,7 +40,8 @@ Outputs
 
 fp8 stores ``e4m3(x · (1/scale))`` (1/scale rounded to fp32, fp32 product,
 round to nearest even, saturating to ±448) of the value rounded to q's dtype
-first (the rotated values equal ``cuprope.rope_forward``'s bit for bit).
+first (the rotated values equal ``cuprope.rope_forward``'s bit for bit,
+whatever the arrays' alignment: every pack width rounds a pair alike).
 Scales divide, as vLLM's ``concat_and_cache_mla`` does (FlashInfer's
 ``quant_scale_*`` multiply: pass their reciprocal). A scale must be positive
 and finite: ``check=True`` reads the scales too and raises ValueError for 0,
@@ -75,6 +76,7 @@ from ..kvcache.caches import (addressing, addressing_fields, check_scales, refus
                               scale_info)
 from .launch import mla_spec, pick_vec
 from .reference import rotate_pe
+from ..torch_guard import engaged_any
 
 __all__ = ["rope_append_mla"]
 
@@ -152,7 +154,35 @@ def rope_append_mla(q_pe, k_pe, ckv, config, positions, *, kv_cache=None, ckv_ca
     ``q_nope_out`` (optional; e4m3 with ``q_scale``), rotate k_pe and write
     ``[ckv | k_pe]`` into the cache rows the addressing names, in one launch.
     See the module docstring for shapes, caches, fp8 and addressing.
-    Returns q_pe_out (or q_pe)."""
+    Returns q_pe_out (or q_pe).
+
+    Torch tensors (``cuprope.torch_guard``): an inference op, not
+    differentiable. With grad mode on, any tensor argument requiring grad is
+    a TypeError naming the training path (a leaf written in place, q_pe or a
+    cache: RuntimeError, as torch's in-place ops); under ``torch.compile`` the
+    call is a graph break. Under ``torch.no_grad()`` nothing changes."""
+    args = (q_pe, k_pe, ckv, config, positions, kv_cache, ckv_cache, kpe_cache, slot_mapping,
+            kv_indices, kv_indptr, batch_indices, cache_positions, kv_last_page_len, q_nope,
+            q_nope_out, q_pe_out, q_scale, kv_scale, check, stream)
+    written = (q_pe if q_pe_out is None else q_pe_out, q_nope_out, kv_cache, ckv_cache,
+               kpe_cache)
+    if engaged_any(q_pe, k_pe, ckv, q_nope, q_scale, kv_scale, *written):
+        from ..torch_route import inference_op
+        return inference_op("rope_append_mla", (q_pe, k_pe, ckv, q_nope, q_scale, kv_scale),
+                            tuple(t for t in written if t is not None),
+                            lambda: _append(*args), TRAINING)
+    return _append(*args)
+
+
+# What the TypeError names for training: the differentiable rotation of the
+# rope slices (the module docstring of cuprope.mla).
+TRAINING = ("cuprope.torch.rope_qk(q[..., nope:], k_pe, config, positions=...) on [B, S, H, D] "
+            "views for training (this is an inference op: it writes a cache)")
+
+
+def _append(q_pe, k_pe, ckv, config, positions, kv_cache, ckv_cache, kpe_cache, slot_mapping,
+            kv_indices, kv_indptr, batch_indices, cache_positions, kv_last_page_len, q_nope,
+            q_nope_out, q_pe_out, q_scale, kv_scale, check, stream):
     if not isinstance(config, RopeConfig):
         raise TypeError(f"config must be a cuprope.RopeConfig, got {type(config).__name__}")
     if config.per_head or config.stream_map is not None:

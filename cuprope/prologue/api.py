@@ -22,10 +22,14 @@ stores what 1/scale gives), ``check`` and what is skipped (padding, indices
 out of range) are ``rope_append_kv``'s.
 
 Results: the bits of ``rope_qk_norm_forward(q, k, config, ...)`` followed by
-``rope_append_kv`` of its q and k (with a rotation by angle 0): q_out holds
-the normed, rotated q rounded to the dtype (e4m3 of it times 1/q_scale for an
-fp8 q_out); the cache rows hold k likewise and v (e4m3 of v times 1/v_scale
-for an fp8 cache). Every other byte of q_out and the caches is untouched.
+``rope_append_kv`` of its q and k (with a rotation by angle 0), up to the
+sign of zero: q_out holds the normed, rotated q rounded to the dtype (e4m3 of
+it times 1/q_scale for an fp8 q_out); the cache rows hold k likewise and v
+(e4m3 of v times 1/v_scale for an fp8 cache). Every other byte of q_out and
+the caches is untouched. (The two calls' angle-0 rotation computes x1 - x2·0
+and x2 + x1·0 from the rounded values: where a value is -0.0 it may give
++0.0, an e4m3 byte 0x00 for 0x80, as the sign of its pair partner decides,
+and beside an infinity NaN; this launch stores the values as they are.)
 q is written in place unless ``q_out`` is given; k and v are only read.
 Returns q_out (or q). JAX arrays are not offered (TypeError): a cache write
 needs donated buffers.
@@ -46,6 +50,7 @@ from .._core.loader import KV_FP8_CACHE, KV_FP8_Q, vec_widths
 from ..config import RopeConfig
 from ..kvcache.arrays import np_view, to_host, token_geometry
 from ..qknorm.call import QkNormCall
+from ..torch_guard import engaged_any
 from . import launch, reference
 
 __all__ = ["qk_norm_rope_append_kv"]
@@ -62,7 +67,46 @@ def qk_norm_rope_append_kv(q, k, v, config, positions, *, q_weight=None, k_weigh
                            v_scale=None, check=False, stream=None):
     """Norm and rotate q and k, store q (into ``q_out``, else in place) and
     write k and v into the cache rows the addressing names, in one launch
-    (module docstring). Returns q_out (or q)."""
+    (module docstring). Returns q_out (or q).
+
+    Torch tensors (``cuprope.torch_guard``): an inference op, not
+    differentiable. With grad mode on, any tensor argument requiring grad (q,
+    k, v, a weight, a scale, q_out or a cache) is a TypeError naming
+    ``cuprope.torch.rope_qk_norm`` for training (a leaf written in place:
+    RuntimeError, as torch's in-place ops); under ``torch.compile`` the call
+    is a graph break (``cuprope.prologue.torch`` has the custom op). Under
+    ``torch.no_grad()`` nothing changes."""
+    args = (q, k, v, config, positions, q_weight, k_weight, eps, norm, weight_offset, order,
+            norm_over, rounding, k_cache, v_cache, kv_cache, kv_layout, slot_mapping, kv_indices,
+            kv_indptr, batch_indices, cache_positions, kv_last_page_len, q_out, q_scale, k_scale,
+            v_scale, check, stream)
+    read, written = grad_tensors(q, k, v, q_weight, k_weight, q_scale, k_scale, v_scale, q_out,
+                                 k_cache, v_cache, kv_cache)
+    if engaged_any(*read, *written):
+        from ..torch_route import inference_op
+        return inference_op("qk_norm_rope_append_kv", read, written, lambda: _prologue(*args),
+                            TRAINING)
+    return _prologue(*args)
+
+
+# What the TypeError names for training.
+TRAINING = ("cuprope.torch.rope_qk_norm(q, k, config, ...) for training (this is an inference "
+            "op: it writes a cache)")
+
+
+def grad_tensors(q, k, v, q_weight, k_weight, q_scale, k_scale, v_scale, q_out, k_cache,
+                 v_cache, kv_cache):
+    """(the arrays the prologue reads that autograd could differentiate, the
+    arrays it writes), None left out: the torch guard's arguments."""
+    read = (q, k, v, q_weight, k_weight, q_scale, k_scale, v_scale)
+    written = (q if q_out is None else q_out, k_cache, v_cache, kv_cache)
+    return (tuple(t for t in read if t is not None), tuple(t for t in written if t is not None))
+
+
+def _prologue(q, k, v, config, positions, q_weight, k_weight, eps, norm, weight_offset, order,
+              norm_over, rounding, k_cache, v_cache, kv_cache, kv_layout, slot_mapping, kv_indices,
+              kv_indptr, batch_indices, cache_positions, kv_last_page_len, q_out, q_scale, k_scale,
+              v_scale, check, stream):
     if not isinstance(config, RopeConfig):
         raise TypeError(f"config must be a cuprope.RopeConfig, got {type(config).__name__}")
     if positions is None:

@@ -12,7 +12,8 @@ from typing import Optional
 import torch
 
 from ..config import RopeConfig, config_by_key
-from .api import qk_norm_rope_append_kv as _eager
+from .. import torch_route
+from .api import TRAINING, grad_tensors, qk_norm_rope_append_kv as _eager
 
 __all__ = ["qk_norm_rope_append_kv"]
 
@@ -52,9 +53,14 @@ def qk_norm_rope_append_kv(q, k, v, config: RopeConfig, positions, *, q_weight=N
                            k_scale=None, v_scale=None):
     """``cuprope.prologue.qk_norm_rope_append_kv`` as the custom op (no
     ``check``, ``kv_last_page_len`` or ``stream``: the op runs on the current
-    stream). Returns q_out (or q)."""
+    stream). Returns q_out (or q). Not differentiable: with grad mode on, a
+    tensor argument requiring grad raises as the eager call does."""
     if not isinstance(config, RopeConfig):
         raise TypeError(f"config must be a cuprope.RopeConfig, got {type(config).__name__}")
+    torch_route.check_inference("qk_norm_rope_append_kv",
+                                *grad_tensors(q, k, v, q_weight, k_weight, q_scale, k_scale,
+                                              v_scale, q_out, k_cache, v_cache, kv_cache),
+                                instead=TRAINING)
     _op(q, k, v, config.key, positions, q_weight, k_weight, float(eps), norm,
         float(weight_offset), order, norm_over, rounding, k_cache, v_cache, kv_cache, kv_layout,
         slot_mapping, kv_indices, kv_indptr, batch_indices, cache_positions, q_out, q_scale,

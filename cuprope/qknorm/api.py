@@ -67,8 +67,7 @@ def rope_qk_norm_forward(q, k, config, *, q_weight=None, k_weight=None, eps=1e-6
     kw = dict(q_weight=q_weight, k_weight=k_weight, eps=eps, norm=norm,
               weight_offset=weight_offset, order=order, norm_over=norm_over, rounding=rounding,
               tables=tables, positions=positions, offset=offset, seq_offsets=seq_offsets)
-    if (engaged(q, k, out) or engaged(q_weight, k_weight)
-            or (isinstance(tables, (tuple, list)) and len(tables) == 2 and engaged(*tables))):
+    if engaged(q, k, out) or engaged(q_weight, k_weight) or _tables_engaged(tables):
         from .torch import route_forward
         return route_forward("rope_qk_norm_forward", q, k, config, kw, validate.pair(out),
                              inplace, stream,
@@ -91,10 +90,15 @@ def rope_qk_norm_backward(q, k, grad_q, grad_k, config, *, q_weight=None, k_weig
     kw = dict(q_weight=q_weight, k_weight=k_weight, eps=eps, norm=norm,
               weight_offset=weight_offset, order=order, norm_over=norm_over, rounding=rounding,
               tables=tables, positions=positions, offset=offset, seq_offsets=seq_offsets)
-    if engaged(q, k, out) or engaged(grad_q, grad_k):
+    if (engaged(q, k, out) or engaged(grad_q, grad_k) or engaged(q_weight, k_weight)
+            or _tables_engaged(tables)):
         from .torch import route_backward
         return route_backward("rope_qk_norm_backward", q, k, grad_q, grad_k, config, kw,
                               validate.pair(out), stream,
                               lambda: backward_call(q, k, grad_q, grad_k, config, out, stream,
                                                     **kw))
     return backward_call(q, k, grad_q, grad_k, config, out, stream, **kw)
+
+
+def _tables_engaged(tables):
+    return isinstance(tables, (tuple, list)) and len(tables) == 2 and engaged(*tables)

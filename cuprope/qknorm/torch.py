@@ -3,7 +3,8 @@ and torch.compile. Re-exported by ``cuprope.torch``.
 
 ``rope_qk_norm(q, k, config, *, q_weight=None, k_weight=None, ...)`` takes
 ``cuprope.qknorm.rope_qk_norm_forward``'s arguments (no ``out``/``inplace``)
-and is differentiable in q, k and both weights. Eager calls run an
+and is differentiable in q, k and both weights (cos/sin ``tables`` that
+require grad: TypeError, it has no gradient for them). Eager calls run an
 ``autograd.Function``; under ``torch.compile`` it dispatches to the custom
 ops ``cuprope::rope_qk_norm`` / ``cuprope::rope_qk_norm_backward`` (fake
 implementations, registered autograd), so ``fullgraph=True`` traces through.
@@ -81,8 +82,9 @@ def _bwd_op(q: torch.Tensor, k: torch.Tensor, grad_q: torch.Tensor, grad_k: torc
     dq, dk, dwq, dwk = backward_call(
         q, k, grad_q, grad_k, config, None, None, **kw,
         **_call_kw(q_weight, k_weight, cos, sin, positions, seq_offsets))
-    empty = q.new_empty(0)
-    return dq, dk, empty if dwq is None else dwq, empty if dwk is None else dwk
+    # a fresh empty tensor each: a custom op's outputs may not alias one another
+    return (dq, dk, q.new_empty(0) if dwq is None else dwq,
+            q.new_empty(0) if dwk is None else dwk)
 
 
 @_bwd_op.register_fake
@@ -110,7 +112,13 @@ _fwd_op.register_autograd(_backward, setup_context=_setup)
 
 class RopeQKNormFunction(torch.autograd.Function):
     """autograd.Function: forward = rope_qk_norm_forward, backward =
-    rope_qk_norm_backward (q, k and the weights saved)."""
+    rope_qk_norm_backward (q, k and the weights saved). No gradient for
+    cos/sin tables: ``apply`` refuses tables that require grad."""
+
+    @classmethod
+    def apply(cls, *args):
+        _check_tables(*args[4:6])
+        return super().apply(*args)
 
     @staticmethod
     def forward(ctx, q, k, q_weight, k_weight, cos, sin, positions, seq_offsets, *scalars):
@@ -133,14 +141,25 @@ def rope_qk_norm(q: torch.Tensor, k: torch.Tensor, config: RopeConfig, *, q_weig
                  positions: _Opt = None, offset: int = 0, seq_offsets: _Opt = None):
     """Differentiable fused QK-norm + RoPE (``cuprope.qknorm.rope_qk_norm_forward``'s
     shapes and semantics). Returns (q_out, k_out) as new tensors; gradients
-    reach q, k, q_weight and k_weight."""
+    reach q, k, q_weight and k_weight (``tables`` must not require grad)."""
     cos, sin = (None, None) if tables is None else tuple(tables)
     args = (q, k, q_weight, k_weight, cos, sin, positions, seq_offsets)
     scalars = (_key(config), int(offset), float(eps), norm, float(weight_offset), order,
                norm_over, rounding)
+    _check_tables(cos, sin)
     if torch.compiler.is_compiling():
         return _fwd_op(*args, *scalars)
     return RopeQKNormFunction.apply(*args, *scalars)
+
+
+def _check_tables(cos, sin):
+    """TypeError when grad mode is on and a cos/sin table requires grad (the
+    backward has no gradient for them: never a silently missing one)."""
+    if torch.is_grad_enabled() and (torch_route.requires_grad(cos)
+                                    or torch_route.requires_grad(sin)):
+        raise TypeError("rope_qk_norm() has no gradient for cos/sin tables, but a table "
+                        "requires grad: pass detached tables, or norm in torch and rotate with "
+                        "cuprope.torch.apply_rotary_pos_emb (differentiable in cos/sin)")
 
 
 def rope_qk_norm_backward_op(q: torch.Tensor, k: torch.Tensor, grad_q: torch.Tensor,
@@ -152,8 +171,14 @@ def rope_qk_norm_backward_op(q: torch.Tensor, k: torch.Tensor, grad_q: torch.Ten
     """``cuprope.qknorm.rope_qk_norm_backward`` as the custom op
     ``cuprope::rope_qk_norm_backward`` (traceable by torch.compile, not
     differentiable itself): (dq, dk, dq_weight or None, dk_weight or None).
-    ``cuprope.qknorm.rope_qk_norm_backward`` comes here under torch.compile."""
+    ``cuprope.qknorm.rope_qk_norm_backward`` comes here under torch.compile.
+    With grad mode on, a tensor argument requiring grad is a TypeError."""
     cos, sin = (None, None) if tables is None else tuple(tables)
+    tensors = (q, k, grad_q, grad_k, q_weight, k_weight, cos, sin)
+    if torch.is_grad_enabled() and any(torch_route.requires_grad(t) for t in tensors):
+        raise TypeError("rope_qk_norm_backward_op() is not differentiable by autograd, but a "
+                        f"tensor argument requires grad: use {_DIFFERENTIABLE}, or call it under "
+                        "torch.no_grad()")
     dq, dk, dwq, dwk = _bwd_op(q, k, _grad(grad_q, q), _grad(grad_k, k), q_weight, k_weight,
                                cos, sin, positions, seq_offsets, _key(config), int(offset),
                                float(eps), norm, float(weight_offset), order, norm_over,
@@ -174,8 +199,8 @@ def route_forward(name, q, k, config, kw, outs, inplace, stream, core):
     tensors = (q, k, kw.get("q_weight"), kw.get("k_weight"), *tabs)
     adapter = None
     if not any(torch_route.requires_grad(t) for t in tabs):
-        def adapter():
-            return rope_qk_norm(q, k, config, **kw)
+        def adapter():  # in place: on copies, as the backward reads the saved q and k
+            return rope_qk_norm(*((q.clone(), k.clone()) if inplace else (q, k)), config, **kw)
     return torch_route.call(name, tensors, targets, kind, core, adapter,
                             "cuprope.torch.rope_qk_norm(q, k, config, ...) (cos/sin tables must "
                             "not require grad)", stream)
@@ -193,6 +218,8 @@ def route_backward(name, q, k, grad_q, grad_k, config, kw, outs, stream, core):
                             and any(torch_route.requires_grad(t) for t in tensors)):
         def adapter():
             return rope_qk_norm_backward_op(q, k, grad_q, grad_k, config, **kw)
-    return torch_route.call(name, tensors, targets, kind, core, adapter,
-                            "cuprope.torch.rope_qk_norm(q, k, config, ...) and .backward() (the "
-                            "explicit backward has no gradient of its own)", stream)
+    return torch_route.call(name, tensors, targets, kind, core, adapter, _DIFFERENTIABLE, stream)
+
+
+_DIFFERENTIABLE = ("cuprope.torch.rope_qk_norm(q, k, config, ...) and .backward() (the explicit "
+                   "backward has no gradient of its own)")
