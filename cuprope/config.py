@@ -119,7 +119,7 @@ class RopeConfig:
         self.n_streams = n_streams
         self._device_tables = {}
         self.angle_rows = None   # cache_angles: positions with a float32 cos/sin table
-        self.angle_tables = {}  # device -> that table (cuprope.kvcache.launch.angle_table)
+        self.angle_tables = {}  # device -> that table, or None (cuprope._core.decode.angle_table)
         self._launches = LaunchCache()  # plans and fast-path entries (cuprope._core fills them)
         self.key = next(_KEYS)  # stable integer handle (custom ops pass configs by key)
         _REGISTRY[self.key] = self

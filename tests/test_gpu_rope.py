@@ -790,3 +790,26 @@ def test_decode_rows_cupy_and_fast_path(rng):
     cres = cuprope.rope_qk_forward(cq, ck, cfg, positions=cupy.from_dlpack(pos))
     for x, y in zip(cres, first):
         assert np.array_equal(_bits(torch.from_dlpack(x)), _bits(y))
+
+
+def test_decode_rows_without_room_for_the_table(monkeypatch, rng):
+    """No device memory for the angle table: one warning, every angle
+    computed (the same bits), and the launch is kept (no retry per call)."""
+    import cupy
+    from cuprope._core import decode
+    q, k, pos = _decode_inputs("bshd", 6, 1, 8, 2, 128, "bfloat16", 30000, rng)
+    ref = _decode_call(q, k, cuprope.RopeConfig(128), pos, False, False)
+    real_empty = cupy.empty
+
+    def empty(shape, dtype=float, *a, **kw):
+        if dtype == cupy.float32 and len(shape) == 2 and shape[0] == decode.table_rows(cfg):
+            raise cupy.cuda.memory.OutOfMemoryError(1, 1)
+        return real_empty(shape, dtype, *a, **kw)
+    cfg = cuprope.RopeConfig(128)
+    monkeypatch.setattr(cupy, "empty", empty)
+    with pytest.warns(RuntimeWarning, match="no room for the"):
+        got = _decode_call(q, k, cfg, pos, False, False)
+    assert cfg.angle_tables == {0: None} and len(cfg._launches.plans) == 1
+    again = _decode_call(q, k, cfg, pos, False, False)
+    for x, y, z in zip(got, again, ref):
+        assert np.array_equal(_bits(x), _bits(z)) and np.array_equal(_bits(y), _bits(z))

@@ -21,6 +21,8 @@ cos/sin in float64 in the kernel, as the other paths do.
 """
 from __future__ import annotations
 
+import warnings
+
 from . import driver
 from .args import KV_ARGS, TABLE_ARGS, ROPE_ARGS
 from .launcher import LaunchSpec, plan
@@ -94,22 +96,30 @@ def angle_table(config, device, stream_ptr=None):
     """``config``'s angle table on ``device``: CuPy float32 ``[rows, R]``,
     row p = scaled_cos_sin(p, θ_j) for the pairs j (cos, then sin), the
     kernels' own values; built on first use (``kv_angle_table_kernel``) and
-    kept in ``config.angle_tables``. None when ``table_rows`` is 0, or while
-    it is not built and ``stream_ptr`` is being captured into a CUDA graph
-    (building it there would be captured too)."""
+    kept in ``config.angle_tables``. None when ``table_rows`` is 0, when the
+    device had no room for it (a warning says so once; the kernels compute
+    the angles instead), or while it is not built and ``stream_ptr`` is
+    being captured into a CUDA graph (building it there would be captured
+    too; nothing is kept then)."""
     rows = table_rows(config)
     if not rows:
         return None
-    table = config.angle_tables.get(device)
-    if table is not None:
-        return table
+    if device in config.angle_tables:
+        return config.angle_tables[device]
     if stream_ptr is not None and driver.capturing(stream_ptr):
         return None
     import cupy
     npairs = config.rotary_dim // 2
     inv_freq, _ = config.device_tables(device)
     with cupy.cuda.Device(device):
-        table = cupy.empty((rows, 2 * npairs), dtype=cupy.float32)
+        try:
+            table = cupy.empty((rows, 2 * npairs), dtype=cupy.float32)
+        except cupy.cuda.memory.OutOfMemoryError:
+            warnings.warn(f"cuprope: no room for the {rows * npairs * 8 / 2 ** 20:.1f} MiB angle "
+                          f"table on GPU {device}; its launches compute every angle instead "
+                          f"(RopeConfig.cache_angles sets the size)", RuntimeWarning, stacklevel=3)
+            config.angle_tables[device] = None
+            return None
         ra = ROPE_ARGS.pack(rot_dim=config.rotary_dim, inv_freq_ptr=inv_freq.data.ptr,
                             scale=config.scale, sin_sign=1.0)
         n = rows * npairs
@@ -140,6 +150,6 @@ class AngleSource:
     def __call__(self):
         table = angle_table(self.config, self.device, self.stream_ptr)
         if table is None:
-            self.settled = table_rows(self.config) == 0
+            self.settled = not table_rows(self.config) or self.device in self.config.angle_tables
             return 0, 0
         return table.data.ptr, table.shape[0]
