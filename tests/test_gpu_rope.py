@@ -682,12 +682,17 @@ def _decode_inputs(layout, b, s, hq, hk, d, dtype, rows, rng):
     return rand(shape_q, dtype, rng), rand(shape_k, dtype, rng), pos
 
 
+# (D, R): R = D; partial rotary, whose out-of-place tail moves two packs a
+# chunk or (D 136) one; D 512: more chunks than lanes in fp32
+DECODE_DIMS = [(128, 128), (128, 64), (64, 64), (80, 48), (256, 256), (136, 128), (512, 512)]
+
+
 @pytest.mark.parametrize("inverse", [False, True], ids=["forward", "backward"])
 @pytest.mark.parametrize("inplace", [False, True], ids=["out", "in-place"])
-@pytest.mark.parametrize("partial", [False, True], ids=["R=D", "R<D"])
+@pytest.mark.parametrize("d,rot", DECODE_DIMS, ids=[f"D{d}R{r}" for d, r in DECODE_DIMS])
 @pytest.mark.parametrize("interleaved", [False, True], ids=["half", "interleaved"])
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_decode_rows_equal_the_general_path_bit_for_bit(monkeypatch, dtype, interleaved, partial,
+def test_decode_rows_equal_the_general_path_bit_for_bit(monkeypatch, dtype, interleaved, d, rot,
                                                         inplace, inverse, rng):
     """GQA q/k of 5 tokens (B 5, S 1), 7 (thd) and 12 (B 3, S 4), positions
     on both sides of a 96-row table: the decode rows (checked to be taken)
@@ -701,8 +706,7 @@ def test_decode_rows_equal_the_general_path_bit_for_bit(monkeypatch, dtype, inte
         taken.append(res is not None and "rope_decode_kernel" in res.kernel)
         return res
     monkeypatch.setattr(decode, "spec", spec)
-    hq, hk, d = 8, 2, 128
-    rot = 64 if partial else 128
+    hq, hk = 8, 2
     for layout, b, s in DECODE_SHAPES:
         def config():
             return cuprope.RopeConfig(rot, base=500000.0, interleaved=interleaved, layout=layout,
