@@ -10,8 +10,7 @@ from . import decode
 from .args import ROPE_ARGS
 from .launcher import LaunchSpec
 from .loader import (ITEMSIZE, KV_ANGLES, LRPE_ACTS, SEQ_SLICES, SRC_PER_HEAD, SRC_SHARED,
-                     SRC_TABLE,
-                     family_of, flat_kernel_name, kernel_name, lrpe_vec_widths,
+                     SRC_TABLE, family_of, flat_kernel_name, kernel_name, lrpe_vec_widths,
                      seq_stats_kernel_name, tuning, vec_widths)
 
 SMEM_LIMIT = 48 * 1024  # per block, the most a launch gets without opting in
@@ -264,7 +263,7 @@ def rope_spec(*, sms, dtype, interleaved, plans, n_batch, n_seq, head_dim, rot_d
     aux_strides = aux.in_strides if aux is not None else (0, 0, 0)
     tokens = n_batch * n_seq
     decode_rows = (angles is not None and src == SRC_SHARED and not lrpe and not stream_map_ptr
-            and decode.fits(dtype, vec, tokens))
+                   and decode.fits(dtype, vec, tokens))
     # pointers and the offset are written per call (ROPE_CALLS, LRPE_CALLS)
     args = ROPE_ARGS.pack(
         **dict(zip(("in_sb", "in_ss", "in_sh"), zip(p0.in_strides, p1.in_strides))),
