@@ -39,6 +39,8 @@ __device__ __forceinline__ void load_row(long long ptr, long long off, float (&o
   }
 }
 
+// Bounded as the shared-angle rope kernels (64 registers at the defaults:
+// 40-64 used, no spill), so large decode batches keep 32 warps per SM.
 template <typename T, bool INTERLEAVED, int VEC, int SRC>
 __global__ void __launch_bounds__(kThreads, CUPROPE_MIN_BLOCKS)
     rope_decode_kernel(const RopeArgs a, const KvArgs kv) {
