@@ -14,7 +14,8 @@ overrides of their own defaults) and CuPy's standard flags; the revision's
 compared after renaming registers (``%r12``, ``%rd3``, ``%f7``, ``%p1``, ...)
 and labels (``$L__BB0_12``) in order of first use, so two bodies match when
 one is the other with its names changed. Prints one line per instantiation
-(and a short diff where they differ); exits 1 if any differs.
+(and a short diff where they differ; "new" where the revision's sources do
+not define its kernel); exits 1 if any differs.
 """
 from __future__ import annotations
 
@@ -126,10 +127,20 @@ def normalise(body: str) -> list[str]:
     return lines
 
 
+def defined_in(folder: str, name: str) -> bool:
+    """Whether the kernel template or function of a name expression
+    (``cuprope::rope_decode_kernel<...>``) is defined in ``folder``'s sources."""
+    base = name.split("<")[0].split("::")[-1]
+    pattern = re.compile(rf"\b{re.escape(base)}\s*\(")
+    return any(pattern.search(p.read_text()) for p in Path(folder).iterdir()
+               if p.suffix in (".cu", ".cuh"))
+
+
 def _job(args):
     folder, family, arch = args
     entry = loader.KV_ENTRY if family in loader.KV_FAMILIES else loader.ENTRY
-    return compile_ptx(folder, family_names(family), arch, entry)
+    names = [n for n in family_names(family) if defined_in(folder, n)]
+    return compile_ptx(folder, names, arch, entry) if names else {}
 
 
 def main(argv=None) -> int:
@@ -151,8 +162,12 @@ def main(argv=None) -> int:
     half = len(families)
     before = {k: v for r in results[:half] for k, v in r.items()}
     after = {k: v for r in results[half:] for k, v in r.items()}
-    differ = 0
+    differ = new = 0
     for name in (n for fam in families for n in family_names(fam)):
+        if name not in before:  # its kernel is not in the revision
+            new += 1
+            print(f"new        {name}")
+            continue
         a, b = normalise(before[name]), normalise(after[name])
         if a == b:
             print(f"identical  {name}")
@@ -162,7 +177,8 @@ def main(argv=None) -> int:
         diff = list(difflib.unified_diff(a, b, args.rev, "working tree", n=args.context, lineterm=""))
         print("\n".join(diff[:10 * args.context + 3]))
     total = len(before)
-    print(f"{total - differ} of {total} instantiations identical ({args.arch}, against {args.rev})")
+    print(f"{total - differ} of {total} instantiations identical ({args.arch}, against {args.rev})"
+          + (f"; {new} new" if new else ""))
     return 1 if differ else 0
 
 

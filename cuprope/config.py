@@ -120,8 +120,8 @@ class RopeConfig:
         self.stream_map = smap
         self.n_streams = n_streams
         self._device_tables = {}
-        self.angle_rows = 0      # cache_angles: positions with a float32 cos/sin table
-        self.angle_tables = {}  # device -> that table (cuprope.kvcache.launch.angle_table)
+        self.angle_rows = None   # cache_angles: positions with a float32 cos/sin table
+        self.angle_tables = {}  # device -> that table, or None (cuprope._core.decode.angle_table)
         self._launches = LaunchCache()  # plans and fast-path entries (cuprope._core fills them)
         self.key = next(_KEYS)  # stable integer handle (custom ops pass configs by key)
         _REGISTRY[self.key] = self
@@ -148,19 +148,24 @@ class RopeConfig:
         return tables
 
     def cache_angles(self, max_position: int) -> "RopeConfig":
-        """Opt in to an angle table for the fused KV-cache append
-        (``cuprope.kvcache.rope_append_kv``): on each GPU, on first use, the
-        cos/sin of positions ``[0, max_position)`` are computed once by the
-        kernels' own exact function and kept as float32 ``[max_position, R]``
+        """Size the angle table: on each GPU, on first use, the cos/sin of
+        positions ``[0, max_position)`` are computed once by the kernels' own
+        exact function and kept as float32 ``[max_position, R]``
         (``max_position · R · 4`` bytes per device). A token whose position
         lies in the table then reads its row instead of evaluating the
-        trigonometry, which shortens decode steps and prefills; any other
-        token computes as before. Results are the same bits either way.
+        trigonometry; any other token computes as before. Results are the
+        same bits either way.
 
+        Without this call the rotation's launches of few tokens (decode:
+        ``rope_qk_forward`` and friends, ``cuprope._core.decode``) still read a
+        table, of 16 MiB (``CUPROPE_ANGLE_TABLE_BYTES``: 32768 positions at
+        R 128), built on the first such launch; the fused KV-cache append
+        (``cuprope.kvcache.rope_append_kv``) reads one only after this call.
         Applies to shared frequencies (not per-head tables, not multi-stream
-        maps, where the table is not used). ``max_position`` 0 turns it off.
-        Call it before capturing CUDA graphs: it drops the previous table,
-        which a captured launch would still read. Returns the config."""
+        maps, where the table is not used). ``max_position`` 0 turns the
+        table off. Call it before capturing CUDA graphs: it drops the
+        previous table, which a captured launch would still read. Returns
+        the config."""
         if isinstance(max_position, bool) or not isinstance(max_position, (int, np.integer)):
             raise TypeError(f"max_position must be an int, got {type(max_position).__name__}")
         if not 0 <= max_position <= 2 ** 31:

@@ -542,3 +542,54 @@ def test_rotary_embedding_fast_path_equals_the_general_path(monkeypatch):
         ctorch.rotary_embedding(pos, query, query[:, :2 * 128], 128, table, True)
     with pytest.raises(ValueError, match="positions is on host"):
         ctorch.rotary_embedding(pos.cpu(), query, key, 128, table, True)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+@pytest.mark.parametrize("neox", [True, False])
+@pytest.mark.parametrize("table_dtype", ["float32", "same"])
+@pytest.mark.parametrize("r", [128, 64])
+def test_rotary_embedding_decode_rows_equal_kv_rope_kernel(monkeypatch, dtype, neox, table_dtype,
+                                                           r):
+    """rotary_embedding of few tokens takes rope_decode_kernel (checked): its
+    query and key are kv_rope_kernel's bits (MAX_TOKENS 0 forces that one),
+    tokens outside the cos_sin_cache untouched, for 1, 7 and 64 tokens."""
+    from cuprope._core import decode
+    import cuprope.kvcache.launch as kl
+    torch = _torch()
+    names = []
+    real = kl.kv_spec
+
+    def kv_spec(*a, **kw):
+        res = real(*a, **kw)
+        names.append(res.kernel)
+        return res
+    monkeypatch.setattr(kl, "kv_spec", kv_spec)
+    monkeypatch.setattr(rotary_mod(), "kv_spec", kv_spec)
+    g = gen(zlib.crc32(f"rotary-decode{dtype}{neox}{table_dtype}{r}".encode()))
+    hq, hk, d = 8, 2, 128
+    ang = np.arange(300)[:, None] * 10000.0 ** (-np.arange(r // 2) / (r // 2))
+    table = torch.from_numpy(np.concatenate([np.cos(ang), np.sin(ang)], -1)).float().cuda()
+    if table_dtype == "same":
+        table = table.to(tdt(dtype))
+    for t in (1, 7, 64):
+        qkv = randn((t, (hq + 2 * hk) * d), dtype, g)
+        pos = torch.randint(-5, 310, (t,), device="cuda", generator=g)  # some outside
+        pos[0] = 17
+        pos[-1] = 300 if t > 1 else 17
+        runs = []
+        for limit in (decode.MAX_TOKENS, 0):
+            monkeypatch.setattr(decode, "MAX_TOKENS", limit)
+            x = qkv.clone()
+            rotary_embedding(pos, x[:, :hq * d], x[:, hq * d:(hq + hk) * d], d, table, neox,
+                             check=False)
+            runs.append(x)
+        assert "rope_decode_kernel" in names[-2] and "kv_rope_kernel" in names[-1], names[-2:]
+        assert np.array_equal(host_bytes(runs[0]), host_bytes(runs[1])), t
+        out = (pos < 0) | (pos >= 300)
+        assert np.array_equal(host_bytes(runs[0][out]), host_bytes(qkv[out]))
+        assert not np.array_equal(host_bytes(runs[0][~out]), host_bytes(qkv[~out]))
+
+
+def rotary_mod():
+    import cuprope.kvcache.rotary as rotary
+    return rotary

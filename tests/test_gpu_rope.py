@@ -666,3 +666,177 @@ def test_fast_path_repeated_call_with_bad_input_raises(rng):
         cuprope.rope_qk_forward(q, k[:, :2], cfg, positions=pos, inplace=True)
     with pytest.raises(ValueError, match="overlaps"):
         cuprope.rope_qk_forward(q, q[:, :, :2], cfg, positions=pos, inplace=True)
+
+
+# ---------------------------------------------------------------- decode rows
+# Launches of few tokens take rope_decode_kernel (cuprope/_core/decode.py),
+# which reads cos/sin from the config's angle table and computes them in
+# float64 past it: its results must be the general kernel's bits.
+
+DECODE_SHAPES = [("bshd", 5, 1), ("thd", 1, 7), ("bshd", 3, 4)]  # B>1 S=1; T tokens; B, S > 1
+
+
+def _decode_call(q, k, cfg, pos, inverse, inplace):
+    """The rotated (q, k): in place on copies, or into NaN-poisoned outputs."""
+    fn = cuprope.rope_qk_backward if inverse else cuprope.rope_qk_forward
+    if inplace:
+        q, k = q.clone(), k.clone()
+        return fn(q, k, cfg, positions=pos, inplace=True)
+    return fn(q, k, cfg, positions=pos, out=(poisoned_like(q), poisoned_like(k)))
+
+
+def _bits(t):
+    """The raw bits of a torch tensor on the host (NumPy integers)."""
+    import torch
+    return t.contiguous().view(torch.int16 if t.element_size() == 2 else torch.int32).cpu().numpy()
+
+
+def _decode_inputs(layout, b, s, hq, hk, d, dtype, rows, rng):
+    """q, k ([B, S, H, D], or [T, H, D] for thd) and int32 positions, half
+    inside [0, rows) and half past it (up to 2**30)."""
+    import torch
+    shape_q = (b * s, hq, d) if layout == "thd" else (b, s, hq, d)
+    shape_k = (b * s, hk, d) if layout == "thd" else (b, s, hk, d)
+    n = b * s
+    p = np.where(rng.random(n) < 0.5, rng.integers(0, rows, n), rng.integers(rows, 2 ** 30, n))
+    p[0], p[-1] = rows - 1, rows  # both sides of the bound
+    pos = torch.tensor(p.reshape(n if layout == "thd" else (b, s)), dtype=torch.int32,
+                       device="cuda")
+    return rand(shape_q, dtype, rng), rand(shape_k, dtype, rng), pos
+
+
+# (D, R): R = D; partial rotary, whose out-of-place tail moves two packs a
+# chunk or (D 136) one; D 512: more chunks than lanes in fp32
+DECODE_DIMS = [(128, 128), (128, 64), (64, 64), (80, 48), (256, 256), (136, 128), (512, 512)]
+
+
+@pytest.mark.parametrize("inverse", [False, True], ids=["forward", "backward"])
+@pytest.mark.parametrize("inplace", [False, True], ids=["out", "in-place"])
+@pytest.mark.parametrize("d,rot", DECODE_DIMS, ids=[f"D{d}R{r}" for d, r in DECODE_DIMS])
+@pytest.mark.parametrize("interleaved", [False, True], ids=["half", "interleaved"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_decode_rows_equal_the_general_path_bit_for_bit(monkeypatch, dtype, interleaved, d, rot,
+                                                        inplace, inverse, rng):
+    """GQA q/k of 5 tokens (B 5, S 1), 7 (thd) and 12 (B 3, S 4), positions
+    on both sides of a 96-row table: the decode rows (checked to be taken)
+    give the general kernel's bits and match the float64 reference."""
+    from cuprope._core import decode
+    taken = []
+    real_spec = decode.spec
+
+    def spec(*a, **kw):
+        res = real_spec(*a, **kw)
+        taken.append(res is not None and "rope_decode_kernel" in res.kernel)
+        return res
+    monkeypatch.setattr(decode, "spec", spec)
+    hq, hk = 8, 2
+    for layout, b, s in DECODE_SHAPES:
+        def config():
+            return cuprope.RopeConfig(rot, base=500000.0, interleaved=interleaved, layout=layout,
+                                      scale=0.87)
+        q, k, pos = _decode_inputs(layout, b, s, hq, hk, d, dtype, 96, rng)
+        rows = _decode_call(q, k, config().cache_angles(96), pos, inverse, inplace)
+        assert taken and taken[-1], "the decode rows were not taken"
+        with monkeypatch.context() as m:
+            m.setattr(decode, "MAX_TOKENS", 0)
+            general = _decode_call(q, k, config(), pos, inverse, inplace)
+        n = len(taken)
+        for got, ref in zip(rows, general):
+            assert np.array_equal(_bits(got), _bits(ref)), (layout, b, s)
+        assert len(taken) == n  # (the general path planned no decode launch)
+        xmax = max(np.abs(host(q)).max(), np.abs(host(k)).max())
+        for got, x in zip(rows, (q, k)):
+            ref = expected(host(x), config(), inverse=inverse, positions=pos.cpu().numpy())
+            assert_matches(host(got), ref, xmax, dtype, scale=0.87)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_decode_rows_default_table_and_none(dtype, rng):
+    """Without cache_angles the first decode launch builds the default table
+    (CUPROPE_ANGLE_TABLE_BYTES of float32 rows, once per config and device);
+    cache_angles(0) leaves none (every angle computed): same bits, and a
+    table row equals the float64 reference's cos/sin."""
+    from cuprope._core import decode
+    q, k, pos = _decode_inputs("bshd", 9, 1, 4, 4, 128, dtype, 40000, rng)
+    cfg = cuprope.RopeConfig(128, base=1e6)
+    a = _decode_call(q, k, cfg, pos, False, True)
+    table = cfg.angle_tables[0]
+    assert table.shape == (decode.TABLE_BYTES // (4 * 128), 128) and table.dtype == np.float32
+    _decode_call(q, k, cfg, pos, False, False)
+    assert cfg.angle_tables[0] is table  # built once
+    b = _decode_call(q, k, cuprope.RopeConfig(128, base=1e6).cache_angles(0), pos, False, True)
+    for x, y in zip(a, b):
+        assert np.array_equal(_bits(x), _bits(y))
+    p = np.array([0, 1, 777, table.shape[0] - 1])
+    ang = p[:, None] * cfg.inv_freq[None, :]
+    tab = table.get()
+    assert_matches(tab[p, :64], np.cos(ang), 1.0, "float32")
+    assert_matches(tab[p, 64:], np.sin(ang), 1.0, "float32")
+
+
+def test_decode_rows_under_capture_before_the_table_exists(rng):
+    """A first decode launch captured into a CUDA graph cannot build the
+    table (its kernel would be captured): it computes every angle, the plan
+    is not kept, and the next eager call builds the table. Results equal
+    throughout."""
+    import torch
+    cfg = cuprope.RopeConfig(128, layout="thd")
+    q, k, pos = _decode_inputs("thd", 1, 2048, 8, 2, 128, "bfloat16", 4096, rng)
+    cuprope.rope_qk_forward(q, k, cfg, positions=pos)  # warm-up: 2048 tokens, general path
+    assert 0 not in cfg.angle_tables
+    qs, ks, ps = q[:3], k[:3], pos[:3]
+    ref = [t.clone() for t in cuprope.rope_qk_forward(qs, ks, cfg, positions=ps)]
+    assert 0 in cfg.angle_tables  # (an eager decode call builds it)
+    cfg2 = cuprope.RopeConfig(128, layout="thd")
+    cuprope.rope_qk_forward(q, k, cfg2, positions=pos)  # device tables, compiled kernels
+    oq, ok = poisoned_like(qs), poisoned_like(ks)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        cuprope.rope_qk_forward(qs, ks, cfg2, positions=ps, out=(oq, ok))
+    assert 0 not in cfg2.angle_tables
+    g.replay()
+    torch.cuda.synchronize()
+    assert np.array_equal(_bits(oq), _bits(ref[0])) and np.array_equal(_bits(ok), _bits(ref[1]))
+    again = cuprope.rope_qk_forward(qs, ks, cfg2, positions=ps, out=(oq, ok))
+    assert 0 in cfg2.angle_tables
+    assert np.array_equal(_bits(again[0]), _bits(ref[0]))
+
+
+def test_decode_rows_cupy_and_fast_path(rng):
+    """CuPy arrays and repeated torch calls (the fast path replays the decode
+    plan) give the first call's bits."""
+    import cupy
+    import torch
+    cfg = cuprope.RopeConfig(128)
+    q, k, pos = _decode_inputs("bshd", 4, 1, 8, 2, 128, "float16", 30000, rng)
+    first = [t.clone() for t in cuprope.rope_qk_forward(q, k, cfg, positions=pos)]
+    for _ in range(3):
+        again = cuprope.rope_qk_forward(q, k, cfg, positions=pos)
+        assert all(np.array_equal(_bits(x), _bits(y)) for x, y in zip(again, first))
+    cq, ck = cupy.from_dlpack(q), cupy.from_dlpack(k)
+    cres = cuprope.rope_qk_forward(cq, ck, cfg, positions=cupy.from_dlpack(pos))
+    for x, y in zip(cres, first):
+        assert np.array_equal(_bits(torch.from_dlpack(x)), _bits(y))
+
+
+def test_decode_rows_without_room_for_the_table(monkeypatch, rng):
+    """No device memory for the angle table: one warning, every angle
+    computed (the same bits), and the launch is kept (no retry per call)."""
+    import cupy
+    from cuprope._core import decode
+    q, k, pos = _decode_inputs("bshd", 6, 1, 8, 2, 128, "bfloat16", 30000, rng)
+    ref = _decode_call(q, k, cuprope.RopeConfig(128), pos, False, False)
+    real_empty = cupy.empty
+
+    def empty(shape, dtype=float, *a, **kw):
+        if dtype == cupy.float32 and len(shape) == 2 and shape[0] == decode.table_rows(cfg):
+            raise cupy.cuda.memory.OutOfMemoryError(1, 1)
+        return real_empty(shape, dtype, *a, **kw)
+    cfg = cuprope.RopeConfig(128)
+    monkeypatch.setattr(cupy, "empty", empty)
+    with pytest.warns(RuntimeWarning, match="no room for the"):
+        got = _decode_call(q, k, cfg, pos, False, False)
+    assert cfg.angle_tables == {0: None} and len(cfg._launches.plans) == 1
+    again = _decode_call(q, k, cfg, pos, False, False)
+    for x, y, z in zip(got, again, ref):
+        assert np.array_equal(_bits(x), _bits(z)) and np.array_equal(_bits(y), _bits(z))

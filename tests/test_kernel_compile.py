@@ -71,10 +71,12 @@ def test_every_kvcache_instantiation_compiles(arch):
     """The KV-cache dialect (kernels/kvcache.cu): computed angles x 4 fp8
     combinations (3 dtypes x 2 pairings x 2 widths = 48), the cos_sin_cache
     source in float32 or the element type (20), the WIDE computed-angle ones
-    at the widest packs (3 x 2 x 4 = 24), and the angle table's builder
+    at the widest packs (3 x 2 x 4 = 24), the decode rows at the widest packs
+    (3 x 2 reading the angle table, as many a float32 cos_sin_cache, 2 x 2 one
+    in the 16-bit element type: 16) and the angle table's builder
     (RopeConfig.cache_angles)."""
     names = _loader.kv_kernel_names()
-    assert len(names) == 48 + 20 + 24 + 1
+    assert len(names) == 48 + 20 + 24 + 16 + 1
     assert sorted(sum((_loader.kv_kernel_names(f) for f in _loader.KV_FAMILIES), [])) == \
         sorted(names)
     lowered, nbytes, log = _compile(arch, names, _loader.KV_ENTRY)

@@ -24,6 +24,8 @@ runs it through the driver on the caller's stream, replays it from
 * ``launcher``: the one launcher (LaunchSpec, Plan, cached_plan, flat_call)
 * ``launch``: the rope family's spec: vector width, grid, RopeArgs (the
   KV-cache and QK-norm specs live in their packages' ``launch.py``)
+* ``decode``: launches of few tokens (the decode rows) and the angle table
+  they read
 * ``fastpath``: repeated torch/CuPy calls skip validation and planning
 * ``driver``: launches through the CUDA driver (ctypes)
 * ``cache``: a bounded LRU of the configs dialects build on the fly

@@ -107,6 +107,12 @@ TUNING_DEFAULTS = {
     # 16-88 bytes in the 16-bit head-rows instantiations (80 registers); 2
     # spills none (96-112). Not yet timed.
     "CUPROPE_PROLOGUE_MIN_BLOCKS": 2,
+    # the decode rows (kernels/decode.cuh; host only, cuprope/_core/decode.py):
+    # the most tokens a launch has to take them (0: never), the most tokens
+    # (a warp each at D 128) per block, and the bytes of a config's angle
+    # table when cache_angles was not called (16 MiB: 32768 positions at R 128)
+    "CUPROPE_DECODE_MAX_TOKENS": 1024, "CUPROPE_DECODE_WARPS": 4,
+    "CUPROPE_ANGLE_TABLE_BYTES": 16 << 20,
 }
 
 

@@ -101,3 +101,17 @@ class Driver:
 
 
 DRIVER = Driver()
+
+
+def capturing(stream_ptr) -> bool:
+    """Whether work put on the stream now would be captured into a CUDA
+    graph (or is refused for a capture elsewhere: legacy-stream work during
+    one); False without a driver library."""
+    if DRIVER._ok is None:
+        DRIVER._load()
+    if not DRIVER._ok:
+        return False
+    status = ctypes.c_int(0)
+    rc = ctypes.CDLL("libcuda.so.1").cuStreamIsCapturing(ctypes.c_void_p(stream_ptr),
+                                                          ctypes.byref(status))
+    return rc != 0 or status.value != 0

@@ -17,7 +17,7 @@ import threading
 import numpy as np
 
 from ..config import RopeConfig
-from . import fastpath, host, validate
+from . import decode, fastpath, host, validate
 from .arrays import describe, empty_like, wrap_like
 from .launch import TensorPlan, rope_spec, sm_count
 from . import launcher
@@ -99,14 +99,19 @@ def _gpu_rope(infos, out_infos, config, inverse, pos_info, seq_info, offset, str
     plan = config._launches.plans.get(gkey)
     if plan is None:
         inv_freq, smap = config.device_tables(device)
-        plan = launcher.cached_plan(config._launches, gkey, lambda: rope_spec(
+        angles = decode.AngleSource(config, device, stream_ptr)
+        plan = launcher.plan(rope_spec(
             sms=sm_count(device), dtype=infos[0].dtype, interleaved=config.interleaved,
             plans=tensor_plans(infos, out_infos, config.layout),
             n_batch=b, n_seq=s, head_dim=d, rot_dim=config.rotary_dim, copy_rest=copy_rest,
             pos=pos, seq_off=seq64, inv_freq_ptr=inv_freq.data.ptr,
             freq_sh=config.rotary_dim // 2 if config.per_head else 0,
             stream_map_ptr=0 if smap is None else smap.data.ptr, scale=config.scale,
-            sin_sign=-1.0 if inverse else 1.0), device)
+            sin_sign=-1.0 if inverse else 1.0, angles=angles), device)
+        if angles.settled:
+            config._launches.plans[gkey] = plan
+        else:  # launched once without the table it wants (under capture): not kept
+            cache_key = None
     return run_plan(plan, config, infos, out_infos, stream_ptr,
                     0 if pos_info is None else pos_info.ptr,
                     0 if seq_info is None else seq_info.ptr, offset, cache_key)

@@ -6,10 +6,11 @@ touches no device (``sm_count`` reads the device's properties once).
 """
 from __future__ import annotations
 
+from . import decode
 from .args import ROPE_ARGS
 from .launcher import LaunchSpec
-from .loader import (ITEMSIZE, LRPE_ACTS, SEQ_SLICES, SRC_PER_HEAD, SRC_SHARED, SRC_TABLE,
-                     family_of, flat_kernel_name, kernel_name, lrpe_vec_widths,
+from .loader import (ITEMSIZE, KV_ANGLES, LRPE_ACTS, SEQ_SLICES, SRC_PER_HEAD, SRC_SHARED,
+                     SRC_TABLE, family_of, flat_kernel_name, kernel_name, lrpe_vec_widths,
                      seq_stats_kernel_name, tuning, vec_widths)
 
 SMEM_LIMIT = 48 * 1024  # per block, the most a launch gets without opting in
@@ -193,7 +194,8 @@ LRPE_CALLS = (("in_ptr0", 0, 0), ("in_ptr1", 0, 0), ("out_ptr0", 1, 0), ("out_pt
 
 def rope_spec(*, sms, dtype, interleaved, plans, n_batch, n_seq, head_dim, rot_dim,
               copy_rest, pos, seq_off, inv_freq_ptr, freq_sh, stream_map_ptr, scale, sin_sign,
-              act=0, backward_act=False, aux=None, table=None, calls=ROPE_CALLS) -> LaunchSpec:
+              act=0, backward_act=False, aux=None, table=None, calls=ROPE_CALLS,
+              angles=None) -> LaunchSpec:
     """The LaunchSpec of one rope launch over one or two tensors (q and k) on
     a GPU of ``sms`` multiprocessors (no device is touched: the JAX lowering
     plans too). Plan.run then takes ``calls``' values: ROPE_CALLS (the core,
@@ -212,7 +214,12 @@ def rope_spec(*, sms, dtype, interleaved, plans, n_batch, n_seq, head_dim, rot_d
     kernels' activation code, ``backward_act`` selects the fused backward
     through it, reading x from ``aux`` (a TensorPlan whose in_ptr/in_strides
     describe x). Act 5 (softmax over the sequence) gets a statistics pass,
-    the spec's ``pre``, run first with the same words."""
+    the spec's ``pre``, run first with the same words.
+
+    angles: a callable giving (pointer, rows) of the config's angle table
+    ((0, 0): none; ``decode.AngleSource``), called only when the launch takes
+    the decode rows (``cuprope._core.decode``: few tokens, shared angles);
+    None: never (the JAX lowering)."""
     npairs = rot_dim // 2
     tail = head_dim - rot_dim if copy_rest else 0
     lrpe = act != 0 or backward_act
@@ -254,6 +261,9 @@ def rope_spec(*, sms, dtype, interleaved, plans, n_batch, n_seq, head_dim, rot_d
             raise ValueError("the cos/sin tables take the position fields")
         psb, pst = table[2], table[3]
     aux_strides = aux.in_strides if aux is not None else (0, 0, 0)
+    tokens = n_batch * n_seq
+    decode_rows = (angles is not None and src == SRC_SHARED and not lrpe and not stream_map_ptr
+                   and decode.fits(dtype, vec, tokens))
     # pointers and the offset are written per call (ROPE_CALLS, LRPE_CALLS)
     args = ROPE_ARGS.pack(
         **dict(zip(("in_sb", "in_ss", "in_sh"), zip(p0.in_strides, p1.in_strides))),
@@ -264,6 +274,13 @@ def rope_spec(*, sms, dtype, interleaved, plans, n_batch, n_seq, head_dim, rot_d
         stream_map_ptr=stream_map_ptr, scale=scale, sin_sign=sin_sign, head_groups=groups,
         heads_per_group=per_group, aux_sb=aux_strides[0], aux_ss=aux_strides[1],
         aux_sh=aux_strides[2], stats_plane=n_batch * heads[0] * head_dim, tok_tile=tile)
+    if decode_rows:
+        ptr, n = angles()
+        spec = decode.spec(sms, dtype=dtype, interleaved=interleaved, vec=vec, src=KV_ANGLES,
+                           rope_args=args, kv=dict(cs_ptr=ptr, cs_st=rot_dim, cs_rows=n),
+                           calls=calls, htot=htot, chunks=chunks, tokens=tokens)
+        if spec is not None:
+            return spec
     key = (dtype, interleaved, vec, src, act, backward_act)
     family = family_of(act, src)
     align = vec * ITEMSIZE[dtype]

@@ -145,8 +145,10 @@ def all_kernel_names(family: str | None = None) -> list[str]:
 KV_ENTRY = "kvcache.cu"
 # computed angles; the cos_sin_cache sources; the computed angles' WIDE
 # instantiations (widest packs, held to more resident warps: many-wave grids),
-# compiled only when a launch first takes one
-KV_FAMILIES = ("kvcache", "kvcache_cos_sin", "kvcache_wide")
+# compiled only when a launch first takes one; the decode rows
+# (rope_decode_kernel, kernels/decode.cuh: the core's and rotary_embedding's
+# launches of few tokens) with the angle table's builder
+KV_FAMILIES = ("kvcache", "kvcache_cos_sin", "kvcache_wide", "decode")
 
 
 def kv_kernel_name(dtype: str, interleaved: bool, vec: int, src: int = KV_ANGLES,
@@ -166,6 +168,18 @@ def kv_kernel_name(dtype: str, interleaved: bool, vec: int, src: int = KV_ANGLES
 KV_ANGLE_TABLE_KERNEL = "cuprope::kv_angle_table_kernel"
 
 
+def decode_kernel_name(dtype: str, interleaved: bool, src: int = KV_ANGLES) -> str:
+    """Name expression of one ``rope_decode_kernel`` instantiation (the
+    widest packs of ``dtype``): ``src`` KV_ANGLES (the angle table, float64
+    past it), KV_COS_SIN_F32 or KV_COS_SIN_T (a cos_sin_cache; T: 16-bit
+    dtypes only)."""
+    if src not in (KV_ANGLES, KV_COS_SIN_F32, KV_COS_SIN_T) or (
+            src == KV_COS_SIN_T and dtype == "float32"):
+        raise ValueError(f"no rope_decode_kernel for {dtype}, src={src!r}")
+    return (f"cuprope::rope_decode_kernel<{DTYPE_CTYPES[dtype]}, {_b(interleaved)}, "
+            f"{vec_widths(dtype)[0]}, {int(src)}>")
+
+
 def kv_family_of(src: int, wide: bool = False) -> str:
     """The family holding kv_rope_kernel's instantiations for angle source
     ``src`` (``wide``: the WIDE ones)."""
@@ -175,11 +189,15 @@ def kv_family_of(src: int, wide: bool = False) -> str:
 
 
 def kv_kernel_names(family: str | None = None) -> list[str]:
-    """Every kv_rope_kernel instantiation (of one KV family, or all), and
-    the angle table's builder (in the angles family)."""
-    names = [KV_ANGLE_TABLE_KERNEL] if family in (None, KV_FAMILIES[0]) else []
+    """Every kv_rope_kernel instantiation (of one KV family, or all), the
+    decode rows' and the angle table's builder (in the decode family)."""
+    names = [KV_ANGLE_TABLE_KERNEL] if family in (None, KV_FAMILIES[3]) else []
     for dt in DTYPE_CTYPES:
         for il in (False, True):
+            if family in (None, KV_FAMILIES[3]):
+                names += [decode_kernel_name(dt, il, src)
+                          for src in (KV_ANGLES, KV_COS_SIN_F32, KV_COS_SIN_T)
+                          if not (src == KV_COS_SIN_T and dt == "float32")]
             for v in lrpe_vec_widths(dt):
                 if family in (None, KV_FAMILIES[0]):
                     names += [kv_kernel_name(dt, il, v, KV_ANGLES, f) for f in range(4)]

@@ -11,11 +11,11 @@ fill with each call's pointers through ``Plan.run``.
 """
 from __future__ import annotations
 
-from .._core import launcher
-from .._core.args import KV_ARGS, ROPE_ARGS, TABLE_ARGS
+from .._core import decode, launcher
+from .._core.args import KV_ARGS, ROPE_ARGS
 from .._core.launch import MAX_STEPS, grid_for, sm_count
-from .._core.loader import (ITEMSIZE, KV_ANGLE_TABLE_KERNEL, KV_ANGLES, KV_FAMILIES, SRC_SHARED,
-                     kv_family_of, kv_kernel_name, lrpe_vec_widths, tuning)
+from .._core.loader import (ITEMSIZE, KV_ANGLES, SRC_SHARED, kv_family_of, kv_kernel_name,
+                            lrpe_vec_widths, tuning)
 
 
 def pick_kv_vec(dtype, arrays, npairs, tail) -> int:
@@ -69,6 +69,16 @@ def kv_spec(device, *, dtype, interleaved, vec, src, fp8, rope, kv, calls=()):
     hq, hk = rope["heads"]
     htot = hq + hk + (hk if kv.get("v_ptr") else 0)
     tokens = rope["n_batch"] * rope["n_seq"]
+    if (src != KV_ANGLES and not fp8 and not any(kv.get(f) for f in ("v_ptr", "k_cache",
+                                                                      "v_cache"))
+            and decode.fits(dtype, vec, tokens)
+            and decode.table_aligned(dtype, interleaved, vec, src, kv["cs_ptr"], kv["cs_st"])):
+        # a cos_sin_cache rotation of few tokens (rotary_embedding): the decode rows
+        rows = decode.spec(sm_count(device), dtype=dtype, interleaved=interleaved, vec=vec,
+                           src=src, rope_args=ROPE_ARGS.pack(**rope), kv=kv, calls=calls,
+                           htot=htot, chunks=chunks, tokens=tokens)
+        if rows is not None:
+            return rows
     slice_ = src == KV_ANGLES and not rope.get("freq_sh")  # the warp's cos/sin slice
     grid, block, groups, per_group, smem = grid_for(sm_count(device), ITEMSIZE[dtype], npairs,
                                                     chunks, htot, tokens, slice_, 0,
@@ -80,36 +90,12 @@ def kv_spec(device, *, dtype, interleaved, vec, src, fp8, rope, kv, calls=()):
                                [(ROPE_ARGS, ra), (KV_ARGS, KV_ARGS.pack(**kv))], calls, vec=vec)
 
 
-KV_FAMILIES_ANGLES = KV_FAMILIES[0]  # the family holding the table's builder
-
-
 def angle_table(config, device):
     """The float32 ``[config.angle_rows, R]`` angle table of ``config`` on
-    ``device`` (RopeConfig.cache_angles), built on first use by
-    ``kv_angle_table_kernel`` and kept; None when the config has none or its
-    angles are not shared (per-head tables, multi-stream maps)."""
-    rows = config.angle_rows
-    if not rows or config.per_head or config.stream_map is not None:
+    ``device`` (RopeConfig.cache_angles; ``cuprope._core.decode.angle_table``
+    builds it on first use and keeps it); None when ``cache_angles`` was not
+    called (or with 0), or the config's angles are not shared (per-head
+    tables, multi-stream maps)."""
+    if not config.angle_rows:
         return None
-    table = config.angle_tables.get(device)
-    if table is not None:
-        return table
-    import cupy
-    npairs = config.rotary_dim // 2
-    inv_freq, _ = config.device_tables(device)
-    with cupy.cuda.Device(device):
-        table = cupy.empty((rows, 2 * npairs), dtype=cupy.float32)
-        ra = ROPE_ARGS.pack(rot_dim=config.rotary_dim, inv_freq_ptr=inv_freq.data.ptr,
-                            scale=config.scale, sin_sign=1.0)
-        n = rows * npairs
-        threads = tuning("CUPROPE_THREADS")  # kv_angle_table_kernel's bound (kThreads)
-        spec = launcher.LaunchSpec(KV_ANGLE_TABLE_KERNEL, KV_FAMILIES_ANGLES,
-                                   (-(-n // threads), 1, 1), (threads, 1, 1), 0,
-                                   [(ROPE_ARGS, ra),
-                                    (TABLE_ARGS, TABLE_ARGS.pack(out_ptr=table.data.ptr,
-                                                                 rows=rows))])
-        stream = cupy.cuda.get_current_stream()
-        launcher.plan(spec, device).run(stream.ptr)
-        stream.synchronize()
-    config.angle_tables[device] = table
-    return table
+    return decode.angle_table(config, device)

@@ -1,0 +1,155 @@
+"""Launches of few tokens (decode steps): the decode rows
+(``kernels/decode.cuh``, ``rope_decode_kernel``) and the angle table they
+read.
+
+A rotation of at most ``MAX_TOKENS`` tokens with shared frequencies, no
+stream map and the widest packs launches the decode rows instead of
+``rope_kernel`` (the core, ``launch.rope_spec``) or ``kv_rope_kernel``
+(``rotary_embedding``, ``cuprope.kvcache.launch.kv_spec``): a thread per
+(token, head, chunk) whose cos/sin come from one row of an fp32 table, so its
+chain is two dependent loads (position, then the row). The core reads the
+config's angle table (``angle_table``), ``rotary_embedding`` the caller's
+cos_sin_cache. The arithmetic is the other kernels', so results are the
+same bits; ``MAX_TOKENS`` 0 turns the path off (tests compare the two).
+
+Memory: the angle table is float32 ``[rows, R]``, ``rows · R · 4`` bytes
+per (config, device), built on the first launch that reads it:
+``RopeConfig.cache_angles(n)`` sets ``rows`` (0: none), else
+``CUPROPE_ANGLE_TABLE_BYTES`` (16 MiB) decides: 32768 positions at R 128,
+65536 at R 64. A token whose position lies past the table computes its
+cos/sin in float64 in the kernel, as the other paths do.
+"""
+from __future__ import annotations
+
+import warnings
+
+from . import driver
+from .args import KV_ARGS, TABLE_ARGS, ROPE_ARGS
+from .launcher import LaunchSpec, plan
+from .loader import (ITEMSIZE, KV_ANGLE_TABLE_KERNEL, KV_COS_SIN_T, KV_FAMILIES,
+                     decode_kernel_name, tuning, vec_widths)
+
+FAMILY = KV_FAMILIES[3]
+# Read per launch plan (tests and benchmarks set them): the most tokens a
+# launch may have to take the decode rows, and the most tokens (warps, at
+# 32 threads a token's head group) per block.
+MAX_TOKENS = tuning("CUPROPE_DECODE_MAX_TOKENS")
+WARPS = tuning("CUPROPE_DECODE_WARPS")
+TABLE_BYTES = tuning("CUPROPE_ANGLE_TABLE_BYTES")
+MAX_GRID_Y = 65535
+
+
+def fits(dtype, vec, tokens) -> bool:
+    """Whether a launch of ``tokens`` tokens at pack width ``vec`` takes the
+    decode rows (they are instantiated for the widest packs only)."""
+    return 0 < tokens <= MAX_TOKENS and vec == vec_widths(dtype)[0]
+
+
+def table_aligned(dtype, interleaved, vec, src, ptr, row_stride) -> bool:
+    """Whether a cos/sin table at byte address ``ptr`` with ``row_stride``
+    elements per row allows the kernel's loads of a chunk's run of cos (or
+    sin): G = vec (half split) or vec/2 (interleaved) values, in loads of
+    at most 16 bytes."""
+    item = ITEMSIZE[dtype] if src == KV_COS_SIN_T else 4
+    group = vec // 2 if interleaved else vec
+    piece = min(group * item, 16)
+    return ptr % piece == 0 and (row_stride * item) % piece == 0
+
+
+def geometry(sms, chunks, htot, tokens):
+    """(grid, block) of the decode rows: block (cx, hy, tz) = (chunk lanes,
+    heads, tokens), cx·hy ~ one warp, tz from 1 up to WARPS once the grid has
+    ~4 blocks per SM; grid (token blocks, head groups)."""
+    cx = min(chunks, 32)
+    hy = max(1, min(32 // cx, htot))
+    gy = -(-htot // hy)
+    tz = max(1, min(WARPS, tokens, tokens * gy // (4 * sms)))
+    return (-(-tokens // tz), gy, 1), (cx, hy, tz)
+
+
+def spec(sms, *, dtype, interleaved, vec, src, rope_args, kv, calls, htot, chunks,
+         tokens) -> LaunchSpec | None:
+    """The decode rows' LaunchSpec (None where the grid cannot hold the
+    heads): ``rope_args`` a packed RopeArgs (its head groups and tiling are
+    not read), ``kv`` KvArgs fields by name (the table: cs_ptr, cs_st,
+    cs_rows), ``calls`` as LaunchSpec's."""
+    grid, block = geometry(sms, chunks, htot, tokens)
+    if grid[1] > MAX_GRID_Y:
+        return None
+    return LaunchSpec(decode_kernel_name(dtype, interleaved, src), FAMILY, grid, block, 0,
+                      [(ROPE_ARGS, rope_args), (KV_ARGS, KV_ARGS.pack(**kv))], calls, vec=vec,
+                      align=vec * ITEMSIZE[dtype])
+
+
+def table_rows(config) -> int:
+    """Rows of ``config``'s angle table: ``cache_angles``' count where it was
+    called (0: none), else as many as CUPROPE_ANGLE_TABLE_BYTES hold; 0 for
+    per-head tables and stream maps, which one table row cannot hold."""
+    if config.per_head or config.stream_map is not None:
+        return 0
+    if config.angle_rows is not None:
+        return config.angle_rows
+    return min(2 ** 31, TABLE_BYTES // (4 * config.rotary_dim))
+
+
+def angle_table(config, device, stream_ptr=None):
+    """``config``'s angle table on ``device``: CuPy float32 ``[rows, R]``,
+    row p = scaled_cos_sin(p, θ_j) for the pairs j (cos, then sin), the
+    kernels' own values; built on first use (``kv_angle_table_kernel``) and
+    kept in ``config.angle_tables``. None when ``table_rows`` is 0, when the
+    device had no room for it (a warning says so once; the kernels compute
+    the angles instead), or while it is not built and ``stream_ptr`` is
+    being captured into a CUDA graph (building it there would be captured
+    too; nothing is kept then)."""
+    rows = table_rows(config)
+    if not rows:
+        return None
+    if device in config.angle_tables:
+        return config.angle_tables[device]
+    if stream_ptr is not None and driver.capturing(stream_ptr):
+        return None
+    import cupy
+    npairs = config.rotary_dim // 2
+    inv_freq, _ = config.device_tables(device)
+    with cupy.cuda.Device(device):
+        try:
+            table = cupy.empty((rows, 2 * npairs), dtype=cupy.float32)
+        except cupy.cuda.memory.OutOfMemoryError:
+            warnings.warn(f"cuprope: no room for the {rows * npairs * 8 / 2 ** 20:.1f} MiB angle "
+                          f"table on GPU {device}; its launches compute every angle instead "
+                          f"(RopeConfig.cache_angles sets the size)", RuntimeWarning, stacklevel=3)
+            config.angle_tables[device] = None
+            return None
+        ra = ROPE_ARGS.pack(rot_dim=config.rotary_dim, inv_freq_ptr=inv_freq.data.ptr,
+                            scale=config.scale, sin_sign=1.0)
+        n = rows * npairs
+        threads = tuning("CUPROPE_THREADS")  # kv_angle_table_kernel's bound (kThreads)
+        build = LaunchSpec(KV_ANGLE_TABLE_KERNEL, FAMILY, (-(-n // threads), 1, 1),
+                           (threads, 1, 1), 0,
+                           [(ROPE_ARGS, ra),
+                            (TABLE_ARGS, TABLE_ARGS.pack(out_ptr=table.data.ptr, rows=rows))])
+        stream = cupy.cuda.get_current_stream()
+        plan(build, device).run(stream.ptr)
+        stream.synchronize()
+    config.angle_tables[device] = table
+    return table
+
+
+class AngleSource:
+    """The core's table for one launch plan, looked up (or built) only when
+    the plan takes the decode rows: calling it gives (pointer, rows), (0, 0)
+    without a table; ``settled`` is False when a table is wanted but could
+    not be built now (a capture), so the plan should not be kept."""
+
+    __slots__ = ("config", "device", "stream_ptr", "settled")
+
+    def __init__(self, config, device, stream_ptr):
+        self.config, self.device, self.stream_ptr = config, device, stream_ptr
+        self.settled = True
+
+    def __call__(self):
+        table = angle_table(self.config, self.device, self.stream_ptr)
+        if table is None:
+            self.settled = not table_rows(self.config) or self.device in self.config.angle_tables
+            return 0, 0
+        return table.data.ptr, table.shape[0]

@@ -1,0 +1,121 @@
+// Decode rows: the rotation of a launch of few tokens (decode steps), where
+// one thread's chain of dependent instructions is the launch's time
+// (benchmarks/NOTES.md 19, 27, 45). The core's rope_qk_forward and
+// rotary_embedding take it (cuprope/_core/decode.py); its arithmetic is
+// theirs (rotate_chunk, scaled_cos_sin), so the results are the same bits.
+//
+// Work: grid (token blocks, head groups), block (cx, hy, tz): thread (x, y, z)
+// of block (i, j) owns chunks x, x + cx, ... (ChunkGeometry) of head j·hy + y
+// (q's heads, then k's) of token i·tz + z. Every index is a block or thread
+// index: no division unless both B and S exceed one. The thread issues its
+// q/k packs and the position load first, then reads its chunk's cos/sin from
+// a row of an fp32 table (four 16-byte loads for 16-bit VEC 8), rotates and
+// stores: two dependent loads.
+//
+// The table is KvArgs' cs_ptr [cs_rows, R] (row stride cs_st; cos of the
+// pairs in [0, R/2), their sin in [R/2, R)):
+//   SRC kKvAngles:    RopeConfig's angle table (scaled_cos_sin of each row,
+//                     sin_sign 1; cs_ptr 0: none); a token outside [0, cs_rows)
+//                     computes its cos/sin from inv_freq in float64 instead;
+//   SRC kKvCosSinF32 / kKvCosSinT: the caller's cos_sin_cache in float32 or T
+//                     (vLLM's rotary_embedding); a token outside it is not
+//                     written.
+#pragma once
+
+#include "kvcache.cuh"
+
+namespace cuprope {
+
+// G consecutive values of a cos/sin table row as fp32, in 16-byte loads (or
+// one narrower load when G values are fewer bytes).
+template <typename C, int G>
+__device__ __forceinline__ void load_row(long long ptr, long long off, float (&out)[G]) {
+  constexpr int kPer = (G * sizeof(C) > 16) ? 16 / sizeof(C) : G;
+#pragma unroll
+  for (int i = 0; i < G; i += kPer) {
+    const Pack<C, kPer> p = load_pack<C, kPer>(ptr, off + i);
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) out[i + k] = to_f32(p.v[k]);
+  }
+}
+
+// Bounded as the shared-angle rope kernels (64 registers at the defaults:
+// 40-64 used, no spill), so large decode batches keep 32 warps per SM.
+template <typename T, bool INTERLEAVED, int VEC, int SRC>
+__global__ void __launch_bounds__(kThreads, CUPROPE_MIN_BLOCKS)
+    rope_decode_kernel(const RopeArgs a, const KvArgs kv) {
+  using P = Pack<T, VEC>;
+  using C = typename CosSinType<T, SRC != kKvCosSinT>::type;  // the table's element type
+  constexpr int G = kCsGroup<INTERLEAVED, VEC>;  // consecutive pairs of a chunk's run
+  const int npairs = static_cast<int>(a.rot_dim >> 1);
+  const int rot_chunks = static_cast<int>(static_cast<unsigned>(npairs) / VEC);
+  const unsigned cw = static_cast<unsigned>(a.copy_rest);  // packs per pass-through chunk
+  const int chunks =
+      rot_chunks +
+      (cw ? static_cast<int>((static_cast<unsigned>(a.head_dim - a.rot_dim) / VEC) >> (cw - 1))
+          : 0);
+  const int heads0 = static_cast<int>(a.heads[0]);
+  const int h = static_cast<int>(blockIdx.y * blockDim.y + threadIdx.y);
+  const unsigned t = blockIdx.x * blockDim.z + threadIdx.z;
+  const unsigned n_seq = static_cast<unsigned>(a.n_seq);
+  if (h >= heads0 + static_cast<int>(a.heads[1]) ||
+      t >= static_cast<unsigned>(a.n_batch) * n_seq) {
+    return;
+  }
+  unsigned b = 0, s = t;
+  if (n_seq == 1) {
+    b = t;
+    s = 0;
+  } else if (a.n_batch != 1) {
+    b = t / n_seq;
+    s = t - b * n_seq;
+  }
+  const long long pos0 = token_position(a, b, s, 0);
+  const bool is_k = h >= heads0;
+  const long long hh = is_k ? h - heads0 : h;
+  const long long in_ptr = is_k ? a.in_ptr[1] : a.in_ptr[0];
+  const long long out_ptr = is_k ? a.out_ptr[1] : a.out_ptr[0];
+  const long long in_off = b * (is_k ? a.in_sb[1] : a.in_sb[0]) +
+                           s * (is_k ? a.in_ss[1] : a.in_ss[0]) +
+                           hh * (is_k ? a.in_sh[1] : a.in_sh[0]);
+  const long long out_off = b * (is_k ? a.out_sb[1] : a.out_sb[0]) +
+                            s * (is_k ? a.out_ss[1] : a.out_ss[0]) +
+                            hh * (is_k ? a.out_sh[1] : a.out_sh[0]);
+  const bool in_table = kv.cs_ptr != 0 && pos0 >= 0 && pos0 < kv.cs_rows;
+  const float sign = static_cast<float>(a.sin_sign);
+  int e0 = 0, e1 = 0;
+  bool rot = false, two = false;
+  for (int c = static_cast<int>(threadIdx.x); c < chunks; c += static_cast<int>(blockDim.x)) {
+    ChunkGeometry<INTERLEAVED, VEC>{rot, c, rot_chunks, two, static_cast<int>(cw), e0, e1, npairs,
+                                    chunks}();
+    const ChunkPairs<INTERLEAVED, VEC> pair_at{e0, e1};
+    P x0 = load_pack<T, VEC>(in_ptr, in_off + e0), x1;
+    if (two) x1 = load_pack<T, VEC>(in_ptr, in_off + e1);
+    if (rot) {
+      float2 cs[VEC];
+      if (in_table) {
+        const long long row = pos0 * kv.cs_st;
+#pragma unroll
+        for (int r = 0; r < VEC / G; ++r) {
+          float cn[G], sn[G];
+          load_row<C, G>(kv.cs_ptr, row + pair_at(r * G), cn);
+          load_row<C, G>(kv.cs_ptr, row + npairs + pair_at(r * G), sn);
+#pragma unroll
+          for (int g = 0; g < G; ++g) {
+            // the angle table holds sin_sign 1: negating is exact
+            cs[r * G + g] = make_float2(cn[g], SRC == kKvAngles ? sn[g] * sign : sn[g]);
+          }
+        }
+      } else if constexpr (SRC == kKvAngles) {
+        chunk_cos_sin<T, INTERLEAVED, VEC, kKvAngles>(a, kv, b, s, 0, pos0, pair_at, cs);
+      } else {
+        return;  // outside the caller's cos_sin_cache: the token is not written
+      }
+      rotate_chunk<T, INTERLEAVED, VEC>(x0, x1, cs, cs + VEC / 2, 1);
+    }
+    store_pack<T, VEC>(out_ptr, out_off + e0, x0);
+    if (two) store_pack<T, VEC>(out_ptr, out_off + e1, x1);
+  }
+}
+
+}  // namespace cuprope
