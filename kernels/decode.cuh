@@ -102,8 +102,9 @@ __global__ void __launch_bounds__(kThreads, CUPROPE_MIN_BLOCKS)
           load_row<C, G>(kv.cs_ptr, row + npairs + pair_at(r * G), sn);
 #pragma unroll
           for (int g = 0; g < G; ++g) {
-            // the angle table holds sin_sign 1: negating is exact
-            cs[r * G + g] = make_float2(cn[g], SRC == kKvAngles ? sn[g] * sign : sn[g]);
+            // both tables hold sin_sign 1 (the angle table; vLLM's cache, whose
+            // inverse negates): negating is exact
+            cs[r * G + g] = make_float2(cn[g], sn[g] * sign);
           }
         }
       } else if constexpr (SRC == kKvAngles) {
