@@ -571,13 +571,14 @@ def test_rotary_embedding_decode_rows_equal_kv_rope_kernel(monkeypatch, dtype, n
     table = torch.from_numpy(np.concatenate([np.cos(ang), np.sin(ang)], -1)).float().cuda()
     if table_dtype == "same":
         table = table.to(tdt(dtype))
+    full = decode.MAX_TOKENS  # read once: the loop below patches it
     for t in (1, 7, 64):
         qkv = randn((t, (hq + 2 * hk) * d), dtype, g)
         pos = torch.randint(-5, 310, (t,), device="cuda", generator=g)  # some outside
         pos[0] = 17
         pos[-1] = 300 if t > 1 else 17
         runs = []
-        for limit in (decode.MAX_TOKENS, 0):
+        for limit in (full, 0):
             monkeypatch.setattr(decode, "MAX_TOKENS", limit)
             x = qkv.clone()
             # stream= takes the general path: the launch is planned anew (kv_spec)
