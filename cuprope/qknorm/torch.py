@@ -81,8 +81,9 @@ def _bwd_op(q: torch.Tensor, k: torch.Tensor, grad_q: torch.Tensor, grad_k: torc
     dq, dk, dwq, dwk = backward_call(
         q, k, grad_q, grad_k, config, None, None, **kw,
         **_call_kw(q_weight, k_weight, cos, sin, positions, seq_offsets))
-    empty = q.new_empty(0)
-    return dq, dk, empty if dwq is None else dwq, empty if dwk is None else dwk
+    # one new empty tensor per missing weight: a custom op's outputs must not alias
+    return (dq, dk, q.new_empty(0) if dwq is None else dwq,
+            q.new_empty(0) if dwk is None else dwk)
 
 
 @_bwd_op.register_fake
