@@ -12,10 +12,14 @@
   eps, q_weight, k_weight, cos_sin_cache, is_neox, position_ids)``, vLLM's op
   of that name (in place on qkv, no cache write): :mod:`cuprope.qknorm.vllm`.
   The one-launch decode prologue with the cache write is ``cuprope.prologue``
-  (its custom op: ``cuprope.prologue.torch``).
+  (its custom op: ``cuprope.prologue.torch``);
+* ``patch_hf(model)`` / ``unpatch_hf(model)``: those ops inside a Hugging Face
+  transformers model's attention (every family cuprope knows), one call:
+  :mod:`cuprope.hfpatch`.
 
 Each docstring there gives shapes, gradients and the custom ops.
 """
+from .hfpatch import patch_hf, unpatch_hf
 from .kvcache.torch import rotary_embedding
 from .qknorm.torch import RopeQKNormFunction, rope_qk_norm
 from .qknorm.vllm import fused_qk_norm_rope
@@ -24,4 +28,4 @@ from .rope.torch import (RopeQKFunction, apply_rotary_pos_emb, rope, rope_qk, ro
 
 __all__ = ["rope_qk", "rope", "rotate", "table_rotate", "RopeQKFunction",
            "apply_rotary_pos_emb", "rotary_embedding", "rope_qk_norm", "RopeQKNormFunction",
-           "fused_qk_norm_rope"]
+           "fused_qk_norm_rope", "patch_hf", "unpatch_hf"]
