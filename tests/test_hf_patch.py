@@ -62,12 +62,11 @@ def _layer_qk(model, inputs, pos_embeddings=None):
     return capture_qk(model, run)
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("family", list(FAMILIES))
-def test_each_layer_q_k_are_hf_eager(family, dtype, monkeypatch):
-    td = getattr(torch, dtype)
-    model = tiny_model(family, td, seed=1)
-    ids = _ids(1)
+def layer_qk_match(family, td, monkeypatch, device="cpu"):
+    """Each attention layer of a tiny ``family`` model in ``td``, fed the same
+    inputs unpatched and patched: q and k as the module docstring states."""
+    model = tiny_model(family, td, seed=1, device=device)
+    ids = _ids(1).to(device)
     model.config.use_cache = False
     inputs = attention_inputs(model, ids)
     ref = _layer_qk(model, inputs)
@@ -92,8 +91,16 @@ def test_each_layer_q_k_are_hf_eager(family, dtype, monkeypatch):
                 assert n <= 0.3 * want.numel() and diff.max() <= 2.0 ** -21 * top, (layer, n)
             else:
                 assert n == 0, (layer, n, float(diff.max()))
+    return counts
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_each_layer_q_k_are_hf_eager(family, dtype, monkeypatch):
+    td = getattr(torch, dtype)
+    counts = layer_qk_match(family, td, monkeypatch)
     if td == torch.float32 and family not in ROPE_ONLY:
-        assert sum(counts) > 0  # the exception is real here (and counted above)
+        assert sum(counts) > 0  # the exception is real here (and counted)
 
 
 def _grads(model, ids, probe):
@@ -102,13 +109,12 @@ def _grads(model, ids, probe):
     return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("family", list(FAMILIES))
-def test_logits_and_gradients_match_unpatched(family, dtype, monkeypatch):
-    td = getattr(torch, dtype)
-    model = tiny_model(family, td, seed=2).train()
-    ids = _ids(2)
-    probe = torch.randn(2, 11, 128, generator=torch.Generator().manual_seed(2))
+def logits_grads_match(family, td, monkeypatch, device="cpu"):
+    """The logits and every parameter's gradient of a tiny ``family`` model in
+    ``td``, patched against unpatched (module docstring)."""
+    model = tiny_model(family, td, seed=2, device=device).train()
+    ids = _ids(2).to(device)
+    probe = torch.randn(2, 11, 128, generator=torch.Generator().manual_seed(2)).to(device)
     with torch.no_grad():
         ref_logits = model(ids).logits
     ref = _grads(model, ids, probe)
@@ -129,19 +135,34 @@ def test_logits_and_gradients_match_unpatched(family, dtype, monkeypatch):
             assert err <= TOL[td] * want.float().abs().max(), (name, float(err))
 
 
-@pytest.mark.parametrize("cache", ["dynamic", pytest.param("static", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("family", list(FAMILIES))
-def test_generate_gives_the_same_tokens(family, cache):
-    model = tiny_model(family, torch.bfloat16, seed=3)
-    ids = _ids(3, s=7)
+def test_logits_and_gradients_match_unpatched(family, dtype, monkeypatch):
+    logits_grads_match(family, getattr(torch, dtype), monkeypatch)
+
+
+def generate_match(family, cache, td=torch.bfloat16, device="cpu", **extra):
+    """Greedy ``generate`` of a tiny ``family`` model on a left-padded batch
+    (positions differ per row): the same tokens patched and unpatched.
+    ``extra``: more keyword arguments of ``generate``."""
+    model = tiny_model(family, td, seed=3, device=device)
+    ids = _ids(3, s=7).to(device)
     mask = torch.ones_like(ids)
-    mask[0, :2] = 0  # left padding: positions differ per row
+    mask[0, :2] = 0
     kw = dict(attention_mask=mask, max_new_tokens=6, do_sample=False, pad_token_id=0)
     if cache == "static":
         kw["cache_implementation"] = "static"
+    kw.update(extra)
     ref = model.generate(ids, **kw)
     ctorch.patch_hf(model)
-    assert torch.equal(model.generate(ids, **kw), ref)
+    got = model.generate(ids, **kw)
+    assert torch.equal(got, ref), (got, ref)
+
+
+@pytest.mark.parametrize("cache", ["dynamic", pytest.param("static", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_generate_gives_the_same_tokens(family, cache):
+    generate_match(family, cache)
 
 
 @pytest.mark.slow
