@@ -250,6 +250,29 @@ def test_patch_is_per_instance_idempotent_and_undone():
     assert not any(n in sys.modules for n in names)  # a collected model leaves nothing
 
 
+def test_a_copy_of_a_patched_model_is_transformers_own():
+    """copy.deepcopy and pickle (torch.save of a whole model) copy the functions
+    of the patch by reference, which would tie the copy to the original's norm
+    modules: the copy comes out unpatched instead, and computes HF's result."""
+    import copy
+    import io
+    model = tiny_model("qwen3", torch.float32, 9)
+    ids = _ids(9)
+    ctorch.patch_hf(model)
+    twin = copy.deepcopy(model)
+    buf = io.BytesIO()
+    torch.save(model, buf)
+    buf.seek(0)
+    loaded = torch.load(buf, weights_only=False)
+    assert len(_patched(model)) == 6 and not _patched(twin) and not _patched(loaded)
+    with torch.no_grad():
+        for m in (twin, loaded):
+            m.model.layers[0].self_attn.q_norm.weight.mul_(2.0)  # the copy's own weights count
+        want = ctorch.unpatch_hf(copy.deepcopy(twin))(ids).logits
+        assert torch.equal(twin(ids).logits, want) and torch.equal(loaded(ids).logits, want)
+        assert not torch.equal(model(ids).logits, want)
+
+
 def test_unknown_model_is_refused_and_left_unchanged():
     from transformers import GPT2Config, GPT2LMHeadModel
     model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64))

@@ -14,6 +14,7 @@ Nothing is changed at class level, other models are untouched, and
 namespace is a copy of its modelling module's, taken when patching (so
 changes made to that module later do not reach it), registered in
 ``sys.modules`` for torch.compile until the layer is unpatched or collected.
+A copy of a patched model (``copy.deepcopy``, pickle) is transformers' own.
 """
 from __future__ import annotations
 
@@ -189,6 +190,17 @@ def _attention_step(attn, spec, rotaries, configs):
 def _set(module, forward):
     module.__dict__["forward"] = forward
     module.__dict__[_MARK] = True
+    module.__dict__["__getstate__"] = functools.partial(_unpatched_state, module)
+
+
+_OWN_KEYS = ("forward", _MARK, _MODULE, "__getstate__")
+
+
+def _unpatched_state(module):
+    """What a copy (copy.deepcopy, pickle) of a patched module holds: the
+    module's state without the patch, so the copy is transformers' own."""
+    state = type(module).__getstate__(module)
+    return {k: v for k, v in state.items() if k not in _OWN_KEYS}
 
 
 def _rotaries(model):
@@ -227,9 +239,10 @@ def patch_hf(model):
 
     Works under ``torch.compile`` (custom ops, no graph break), gradient
     checkpointing and CUDA graphs. Hooks on a patched norm module see its
-    input unchanged (the norm happens in the fused call). A module (or class)
-    without any attention cuprope knows: ValueError naming the supported
-    families, nothing changed. ``unpatch_hf`` undoes it.
+    input unchanged (the norm happens in the fused call). A copy of the model
+    (``copy.deepcopy``, pickle) is transformers' own: patch it again. A model
+    (or class) without any attention cuprope knows: ValueError naming the
+    supported families, nothing changed. ``unpatch_hf`` undoes it.
     """
     if isinstance(model, type):
         return _patch_class(model)
@@ -277,6 +290,7 @@ def unpatch_hf(model):
     for module in model.modules():
         if module.__dict__.pop(_MARK, None):
             module.__dict__.pop("forward", None)
+            module.__dict__.pop("__getstate__", None)
             sys.modules.pop(module.__dict__.pop(_MODULE, ""), None)
     return model
 
