@@ -36,12 +36,13 @@ def test_generate_on_the_gpu(family, cache):
     generate_match(family, cache, device="cuda", disable_compile=True)
 
 
-@pytest.mark.parametrize("family", list(FAMILIES))
+@pytest.mark.parametrize("family", [f for f in FAMILIES if f not in HYBRID])
 def test_static_cache_generate_with_cuda_graphs(family):
     """Static cache on CUDA: transformers compiles the decode step with
     mode="reduce-overhead" (CUDA graphs); fullgraph=True here, so a graph break
     in cuprope's ops fails. fp32, so that inductor's own roundings elsewhere
-    cannot flip a greedy token between the two runs."""
+    cannot flip a greedy token between the two runs. (The hybrid models keep
+    their linear-attention state in a cache of their own, not a static one.)"""
     from transformers import CompileConfig
     torch._dynamo.reset()
     generate_match(family, "static", td=torch.float32, device="cuda",
