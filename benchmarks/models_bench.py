@@ -35,6 +35,7 @@ Liger (``../shared/peers/liger_kernel-*.whl``, pip install --no-deps) is
 optional: without it its rows are skipped with a note.
 """
 import argparse
+import copy
 import gc
 import inspect
 import os
@@ -111,7 +112,7 @@ def build(name, run):
     """A model of ``name`` with random weights, bf16 (fp32 on a dry run), SDPA."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
-    cfg = dict(CONFIGS[name], **(TINY if run.dry else {}))
+    cfg = dict(copy.deepcopy(CONFIGS[name]), **(TINY if run.dry else {}))  # HF edits dicts
     mt = cfg.pop("model_type")
     config = AutoConfig.for_model(mt, **cfg)
     dtype = torch.float32 if run.dry else torch.bfloat16

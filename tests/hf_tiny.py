@@ -42,12 +42,14 @@ HYBRID = ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text")
 
 
 def tiny_config(model_type, **over):
+    import copy
     import warnings
 
     from transformers import AutoConfig
+    kw = copy.deepcopy({**_BASE, **FAMILIES[model_type], **over})  # transformers edits dicts
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return AutoConfig.for_model(model_type, **{**_BASE, **FAMILIES[model_type], **over})
+        return AutoConfig.for_model(model_type, **kw)
 
 
 def tiny_model(model_type, dtype, seed=0, device="cpu", attn="sdpa"):
