@@ -31,7 +31,11 @@ Families (``suite_rows.FAMILIES``) and what each times beside cuprope:
 * ``host``: host µs per call against one torch ``mul_`` (``host_overhead``);
 * ``jax``: ``cuprope.jax`` under ``jax.jit`` (rope_qk, rope_qk_norm) against
   XLA's fusion, forward and value_and_grad (``jax_bench``, ``jax_qknorm_bench``);
-* ``startup``: the first call's NVRTC compile, and a second process's.
+* ``startup``: the first call's NVRTC compile, and a second process's;
+* ``models``: whole transformers models (Qwen3-0.6B, Llama-3.2-1B, Gemma-3-1B)
+  with ``cuprope.torch.patch_hf`` against transformers and Liger's RoPE-only
+  patch, eager and compiled: training step, prefill, decode step, and the
+  time in position encoding + q/k norm (``models_bench``).
 
 Timing is each measuring module's own: CUDA events after warm-up, median of many
 runs (``cuprope.bench.time_gpu``) for prefill shapes; CUDA-graph replay for the
@@ -275,7 +279,12 @@ def families():
     return {"rotation": rotation, "schemes": schemes, "ggml": ggml, "qknorm": suite_fused.qknorm,
             "kv": suite_fused.kv, "prologue": suite_fused.prologue, "mla": suite_fused.mla,
             "decode": suite_fused.decode, "host": suite_fused.host,
-            "jax": suite_fused.jax_calls, "startup": startup}
+            "jax": suite_fused.jax_calls, "startup": startup, "models": _models}
+
+
+def _models(ctx):
+    import models_bench
+    return models_bench.suite(ctx)
 
 
 def commit_id():
@@ -311,7 +320,7 @@ def parse_args(argv=None):
     ap.add_argument("--quick", action="store_true",
                     help="a short run: bf16, fewer cases and repetitions")
     ap.add_argument("--only", default="", help="comma-separated families: rotation, schemes, "
-                    "ggml, qknorm, kv, prologue, mla, decode, host, jax, startup (default: all; "
+                    "ggml, qknorm, kv, prologue, mla, decode, host, jax, startup, models (default: all; "
                     "schemes also times the lrpe family)")
     ap.add_argument("--fi-bin", default=default_fi_bin(),
                     help="FlashInfer's fi_bench_bin (../shared/peers/README.md builds it); "
@@ -325,7 +334,7 @@ def parse_args(argv=None):
 
 
 ALL = ("rotation", "schemes", "ggml", "qknorm", "kv", "prologue", "mla", "decode", "host", "jax",
-       "startup")
+       "startup", "models")
 
 
 def main(argv=None):

@@ -130,6 +130,16 @@ TARGETS = [
      ""),
     ("Under jax.jit vs XLA's fusion (its µs / ours), fwd and value_and_grad",
      _peer("jax", "xla", ours="cuprope-jit"), 1.1, ">=", ""),
+    ("Models: position encoding + q/k norm per step, HF eager's µs / patched (≤ 1/3 of HF's)",
+     _peer_required("models", "hf", where=lambda k: k[0].endswith("pos+norm")), 3.0, ">=",
+     "training and decode"),
+    ("Models: position encoding + q/k norm per step, Liger RoPE-only's µs / patched",
+     _peer_required("models", "liger-rope", where=lambda k: k[0].endswith("pos+norm")), 1.0,
+     ">=", "training and decode"),
+    ("Models: whole step, unpatched µs / patched (never below unpatched), eager",
+     _peer("models", "hf", where=lambda k: not k[0].endswith("pos+norm")), 1.0, ">=", ""),
+    ("Models: whole step, unpatched µs / patched, both under torch.compile",
+     _peer("models", "hf-compile", ours="cuprope-compile"), 1.0, ">=", ""),
 ]
 
 
@@ -395,7 +405,7 @@ def targets_file(rows):
     return "\n".join(parts) + "\n"
 
 
-US_FAMILIES = ("kv", "prologue", "mla", "decode", "startup")
+US_FAMILIES = ("kv", "prologue", "mla", "decode", "startup", "models")
 
 
 def _metric(family, op_rows):

@@ -15,10 +15,14 @@
   forced_token_heads_per_warp=-1)``, vLLM's op of that name (in place on qkv,
   no cache write): :mod:`cuprope.qknorm.vllm`.
   The one-launch decode prologue with the cache write is ``cuprope.prologue``
-  (its custom op: ``cuprope.prologue.torch``).
+  (its custom op: ``cuprope.prologue.torch``);
+* ``patch_hf(model)`` / ``unpatch_hf(model)``: those ops inside a Hugging Face
+  transformers model's attention (every family cuprope knows), one call:
+  :mod:`cuprope.hfpatch`.
 
 Each docstring there gives shapes, gradients and the custom ops.
 """
+from .hfpatch import patch_hf, unpatch_hf
 from .kvcache.torch import rotary_embedding
 from .qknorm.torch import RopeQKNormFunction, rope_qk_norm
 from .qknorm.vllm import fused_qk_norm_rope
@@ -27,4 +31,4 @@ from .rope.torch import (RopeQKFunction, apply_rotary_pos_emb, rope, rope_qk, ro
 
 __all__ = ["rope_qk", "rope", "rotate", "table_rotate", "RopeQKFunction",
            "apply_rotary_pos_emb", "rotary_embedding", "rope_qk_norm", "RopeQKNormFunction",
-           "fused_qk_norm_rope"]
+           "fused_qk_norm_rope", "patch_hf", "unpatch_hf"]

@@ -80,12 +80,17 @@ def _rows(**v):
             ("decode", "rope_qk in place", "B 1", "bf16", 1.0, 1.5,
              {"flashinfer-cos-sin-cache": 1.6}),
             ("rotation", "qk_fwd", "llama3-8b", "bf16", 98.0, 100.0, {"torch-compile": 106.0}),
-            ("jax", "rope_qk fwd", "llama3-8b", "bf16", None, 100.0, {"xla": 111.0})):
+            ("jax", "rope_qk fwd", "llama3-8b", "bf16", None, 100.0, {"xla": 111.0}),
+            ("models", "train pos+norm", "m", "bf16", None, v.get("models_pn", 10.0),
+             {"hf": 40.0, "liger-rope": 20.0}),
+            ("models", "train step", "m", "bf16", None, 100.0, {"hf": 101.0})):
         ours_impl = "cuprope-jit" if fam == "jax" else "cuprope"
         if copy is not None:
             rows.append(m(fam, op, case, dt, "copy", copy))
         rows.append(m(fam, op, case, dt, ours_impl, ours))
         rows += [m(fam, op, case, dt, p, us, ratio_to=ours_impl) for p, us in peers.items()]
+    rows += [m("models", "train step", "m", "bf16", "cuprope-compile", 90.0),
+             m("models", "train step", "m", "bf16", "hf-compile", 91.0, ratio_to="cuprope-compile")]
     rows += [m("host", "torch mul_", "B 8", "bf16", "torch-mul_", 10.0, ratio=1.0),
              m("host", "rope_qk_forward in place, positions int32 [B,1]", "B 8", "bf16",
                "cuprope", 12.0, ratio=v.get("host", 1.2), ratio_to="torch-mul_")]
@@ -108,6 +113,7 @@ def test_every_target_met_on_rows_past_every_bound():
     (dict(pro_b1=2.7), "Decode prologue within 1.1×"),
     (dict(mla_b1=2.5), "MLA append at or under FlashInfer"),
     (dict(host=1.31), "Host time per call"),
+    (dict(models_pn=14.0), "Models: position encoding + q/k norm per step, HF eager's"),
 ])
 def test_a_row_past_its_bound_is_not_met(override, target):
     st = _status(_rows(**override))
@@ -231,6 +237,8 @@ def test_bench_suite_without_a_gpu_says_so(tmp_path):
     ("prologue_bench", ("run_case", "CASES", "HQ", "HK", "D", "PAGE")),
     ("mla_bench", ("run_case", "flashinfer_mla_rows", "CASES", "H", "R", "N", "PAGE")),
     ("suite_fused", ("qknorm", "kv", "prologue", "mla", "decode", "host", "jax_calls")),
+    ("models_bench", ("suite", "measure", "CONFIGS")),
+    ("models_profile", ("profile_step", "attribute", "ranges")),
     ("cuprope.bench", ("run_case", "run_scheme_case", "time_gpu", "cos_sin_tables", "SHAPES",
                        "SCHEME_OPS", "Row")),
 ])

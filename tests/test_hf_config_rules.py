@@ -130,6 +130,34 @@ def test_derived_layer_types_match_transformers(name):
     assert hf_config.layer_types(conf) == hf.get_text_config().layer_types
 
 
+@pytest.mark.parametrize("model_type,text_type", [
+    ("qwen3_next", "qwen3_next"), ("qwen3_5", "qwen3_5_text"), ("qwen3_5_moe", "qwen3_5_moe_text")])
+@pytest.mark.parametrize("interval", [None, 3])
+def test_hybrid_linear_attention_layers_have_no_rope(model_type, text_type, interval):
+    """Qwen3-Next / Qwen3.5: layer_types derived from full_attention_interval as the
+    config class derives them; the Gated DeltaNet layers get None, the attention
+    layers partial rotary (R = 64 of 256) with the family's defaults."""
+    pytest.importorskip("torch", reason="needs torch: pip install torch")
+    pytest.importorskip("transformers", reason="transformers is a test-only dependency")
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+    text = {"model_type": text_type, "hidden_size": 512, "num_attention_heads": 8,
+            "num_key_value_heads": 2, "num_hidden_layers": 7}
+    if interval:
+        text["full_attention_interval"] = interval
+    conf = text if model_type == text_type else {"model_type": model_type, "text_config": text}
+    kw = {k: v for k, v in text.items() if k != "model_type"}
+    hf = CONFIG_MAPPING[text_type](**kw)
+    assert hf_config.layer_types(conf) == hf.layer_types
+    for i, kind in enumerate(hf.layer_types):
+        cfg = hf_config.rope_config_from_hf(conf, layer_idx=i)
+        assert (cfg is None) == (kind == "linear_attention")
+        if cfg is not None:
+            assert cfg.rotary_dim == 64 and not cfg.interleaved
+            np.testing.assert_allclose(cfg.inv_freq, theta(64, 1e4), rtol=1e-15)
+            assert cfg.n_streams == (1 if model_type == "qwen3_next" else 3)
+    assert hf_config.rope_config_from_hf(conf, layer_type="linear_attention") is None
+
+
 # --------------------------------------------------------------------------- pair layout
 
 def test_pair_layout_comes_from_the_config_and_an_explicit_value_wins():

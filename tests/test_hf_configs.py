@@ -83,10 +83,14 @@ FAMS.update({  # families of cuprope.schemes.hf_families without a published con
     "starcoder2": Fam("Starcoder2RotaryEmbedding"), "granite": Fam("GraniteRotaryEmbedding"),
     "helium": Fam("HeliumRotaryEmbedding"), "ernie4_5": Fam("Ernie4_5RotaryEmbedding"),
     "glm4_moe": Fam("Glm4MoeRotaryEmbedding"),
+    "qwen3_next": Fam("Qwen3NextRotaryEmbedding"),
+    "qwen3_5_text": Fam("Qwen3_5TextRotaryEmbedding", cos_sin="mrope"),
+    "qwen3_5_moe_text": Fam("Qwen3_5MoeTextRotaryEmbedding", cos_sin="mrope"),
 })
 FAMS["qwen2_vl"] = FAMS["qwen2_vl_text"]  # Qwen2-VL's published config is flat
 _PKG = {"llama4_text": "llama4", "qwen2_vl_text": "qwen2_vl", "qwen3_vl_text": "qwen3_vl",
-        "gemma3_text": "gemma3", "gemma4_text": "gemma4", "qwen2_5_vl_text": "qwen2_5_vl"}
+        "gemma3_text": "gemma3", "gemma4_text": "gemma4", "qwen2_5_vl_text": "qwen2_5_vl",
+        "qwen3_5_text": "qwen3_5", "qwen3_5_moe_text": "qwen3_5_moe"}
 # Every family of cuprope.schemes.hf_families (but GPT-J, which has no rotary module) from a config
 # that states almost nothing: the family defaults decide. "+linear" also states rope_theta
 # and a linear rope_scaling (Gemma 3, OLMo 3: full-attention layers only).

@@ -348,6 +348,34 @@ def test_torch_adapter_gradients(compiled, order, over):
         np.testing.assert_allclose(w.grad.numpy(), w64.grad.numpy(), atol=1e-5 * w64.grad.abs().max().item())
 
 
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compile"])
+def test_torch_adapter_gradients_without_weights(compiled):
+    """Llama 4's L2 norm has no weight: the backward op returns an empty
+    tensor for each missing weight gradient, two tensors, not one twice."""
+    from cuprope import torch as ctorch
+    g = torch.Generator().manual_seed(1)
+    cfg = cuprope.RopeConfig(16, base=100.0, interleaved=True)
+    q = torch.randn(2, 5, 4, 16, generator=g).requires_grad_()
+    k = torch.randn(2, 5, 2, 16, generator=g).requires_grad_()
+    cq, ck = torch.randn(2, 5, 4, 16, generator=g), torch.randn(2, 5, 2, 16, generator=g)
+    pos = torch.arange(5) * 3
+
+    def loss_fn(q, k):
+        a, b = ctorch.rope_qk_norm(q, k, cfg, norm="l2", order="rope_then_norm", positions=pos)
+        return (a * cq).sum() + (b * ck).sum()
+
+    if compiled:
+        loss_fn = torch.compile(loss_fn, fullgraph=True, backend="aot_eager")
+    loss_fn(q, k).backward()
+    ang = _angles(cfg, 2, 5, positions=pos.numpy())
+    for x, c in ((q, cq), (k, ck)):
+        x64 = x.detach().double().requires_grad_()
+        y = torch_qknorm(x64, ang, 16, True, 1.0, None, 0.0, 1e-6, "head", "rope_then_norm")
+        (y * c.double()).sum().backward()
+        np.testing.assert_allclose(x.grad.numpy(), x64.grad.numpy(),
+                                   atol=1e-5 * x64.grad.abs().max().item())
+
+
 def test_torch_custom_ops_pass_opcheck():
     from cuprope import torch as ctorch
     cfg = cuprope.RopeConfig(16)

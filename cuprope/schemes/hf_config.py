@@ -9,11 +9,12 @@ layers; a layer type whose parameters are ``null``).
 
 Which layer: ``layer_idx`` picks a layer; its ``layer_type`` is
 ``layer_types[layer_idx]`` (listed in the config, or derived as the model class
-derives it). ``layer_type`` alone picks per-layer-type parameters (``rope_parameters``
-keyed by layer type; Gemma 3's ``rope_scaling`` for ``full_attention`` and
-``rope_local_base_freq`` for ``sliding_attention``; Gemma 4's ``global_head_dim``
-for ``full_attention``). A config with per-type parameters and neither
-argument raises.
+derives it); a layer type the family runs without RoPE (Qwen3-Next and
+Qwen3.5's ``linear_attention``) gives None. ``layer_type`` alone picks
+per-layer-type parameters (``rope_parameters`` keyed by layer type; Gemma 3's
+``rope_scaling`` for ``full_attention`` and ``rope_local_base_freq`` for
+``sliding_attention``; Gemma 4's ``global_head_dim`` for ``full_attention``). A
+config with per-type parameters and neither argument raises.
 
 What is read: ``rope_scaling`` / ``rope_parameters`` (legacy ``type``), ``rope_theta``
 (``rotary_emb_base``), ``partial_rotary_factor`` (``rotary_pct``), ``rotary_dim``,
@@ -50,9 +51,22 @@ from .scaling import (ROPE_TYPES, ROPE_TYPE_ALIASES, default_table, dynamic_ntk_
                       interleaved_mrope_config, linear_table, llama3_table, longrope_table,
                       mrope_config, proportional_table, yarn_table)
 
-__all__ = ["hf_rope_parameters", "hf_table", "rope_config_from_hf", "layer_types"]
+__all__ = ["hf_rope_parameters", "hf_table", "rope_config_from_hf", "layer_types",
+           "ROPE_PARAMETER_KEYS", "OTHER_ROPE_KEYS"]
 
 _ROPE_KEYS = ("rope_theta", "rope_scaling", "rope_parameters", "rotary_emb_base")
+# The keys of a rope parameters dict (``rope_scaling`` / ``rope_parameters``) this reader uses
+ROPE_PARAMETER_KEYS = frozenset({
+    "rope_type", "type", "rope_theta", "partial_rotary_factor", "factor",
+    "original_max_position_embeddings", "max_position_embeddings", "attention_factor",
+    "beta_fast", "beta_slow", "mscale", "mscale_all_dim", "truncate", "short_factor",
+    "long_factor", "short_mscale", "long_mscale", "low_freq_factor", "high_freq_factor",
+    "mrope_section", "mrope_interleaved"})
+# Keys some families keep there that are no part of the rotation: the attention reads them
+OTHER_ROPE_KEYS = {
+    "llama_4_scaling_beta": "Ministral 3 / Mistral 4 scale the query by a function of the "
+                            "position after RoPE (get_llama_4_attn_scale)",
+}
 
 
 def _as_dict(config) -> dict:
@@ -86,8 +100,10 @@ def _fail(model_type, fields, hint):
 
 def layer_types(config) -> list | None:
     """The config's ``layer_types``, or the list its model class derives (Gemma 3/4:
-    every ``sliding_window_pattern``-th layer is full attention; Llama 4: NoPE layers
-    are ``full_attention``, RoPE layers ``chunked_attention``); None when neither."""
+    every ``sliding_window_pattern``-th layer is full attention; Qwen3-Next / Qwen3.5:
+    every ``full_attention_interval``-th, the others ``linear_attention``; Llama 4:
+    NoPE layers are ``full_attention``, RoPE layers ``chunked_attention``); None when
+    neither."""
     d = _text_part(_as_dict(config))
     return _layer_types(d, family_of(d.get("model_type")) or GENERIC)
 
@@ -114,6 +130,10 @@ def _layer_types(d, fam):
     nope = _nope_flags(d, fam)
     if nope is not None:
         return ["full_attention" if n else "chunked_attention" for n in nope]
+    if fam.full_attention_interval is not None and _n_layers(d, fam):
+        every = int(d.get("full_attention_interval") or fam.full_attention_interval)
+        return ["linear_attention" if (i + 1) % every else "full_attention"
+                for i in range(_n_layers(d, fam))]
     if fam.sliding_window_pattern is not None and _n_layers(d, fam):
         pattern = int((fam.pattern_key and d.get(fam.pattern_key)) or fam.sliding_window_pattern)
         types = ["sliding_attention" if (i + 1) % pattern else "full_attention"
@@ -194,7 +214,7 @@ def hf_rope_parameters(config, *, layer_type: str | None = None, layer_idx: int 
     fam = family_of(model_type)
     known = fam or GENERIC
     layer_type, nope = _select_layer(top, known, layer_type, layer_idx)
-    if nope:
+    if nope or (layer_type is not None and layer_type in known.rope_free_types):
         return None
     if not rp and known.default_rope_parameters:
         rp = copy.deepcopy(known.default_rope_parameters)

@@ -20,7 +20,9 @@ for defaults, ``modeling_*.py`` for the layout):
 * per-layer facts: Gemma 3 / OLMo 3 apply ``rope_scaling`` to full attention
   only (sliding layers: default RoPE with the local base), Gemma 4's global
   head dim, default parameters (Gemma 4 per layer type, gpt-oss), the sliding-window pattern that derives
-  ``layer_types``, Llama 4's NoPE interval.
+  ``layer_types``, Llama 4's NoPE interval, the layer types that have no RoPE
+  (Qwen3-Next / Qwen3.5's ``linear_attention``: Gated DeltaNet) and the
+  ``full_attention_interval`` that derives their ``layer_types``.
 
 A ``model_type`` missing here is an unknown family: cuprope then refuses to
 guess any of these fields (see :mod:`cuprope.schemes.hf_config`).
@@ -52,6 +54,8 @@ class Family:
     num_hidden_layers: int | None = None       # the class default, for derived layer lists
     nope_interval: int | None = None           # Llama 4: no_rope_layer_interval's default
     original_max_position_embeddings: int | None = None  # Phi-3: a top-level class default
+    rope_free_types: tuple = ()                # layer types without RoPE (linear attention)
+    full_attention_interval: int | None = None  # derives linear/full layer_types when absent
     notes: tuple = field(default=())
 
 
@@ -65,6 +69,9 @@ _GEMMA4_ROPE = {  # Gemma4TextConfig.__post_init__ default_rope_params
     "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
                        "rope_theta": 1000000.0},
 }
+# Qwen3-Next / Qwen3.5: every full_attention_interval-th layer is attention, the rest
+# Gated DeltaNet (no RoPE)
+_HYBRID = dict(rope_free_types=("linear_attention",), full_attention_interval=4)
 
 
 def _f(cfg, modeling=None, **kw):
@@ -88,6 +95,17 @@ FAMILIES: dict[str, Family] = {
                         rope_theta=1000000.0, mrope_section=(16, 24, 24)),
     "qwen2_5_vl_text": _f("qwen2_5_vl (Qwen2_5_VLTextConfig)", f"qwen2_5_vl.py {_HALF}",
                           rope_theta=1000000.0, mrope_section=(16, 24, 24)),
+    # hybrid: Gated DeltaNet layers (linear_attention) and gated full attention, partial rotary
+    "qwen3_next": _f("qwen3_next", f"qwen3_next.py {_HALF} on x[..., :R]", head_dim=256,
+                     partial_rotary_factor=0.25, **_HYBRID, num_hidden_layers=48),
+    "qwen3_5_text": _f("qwen3_5 (Qwen3_5TextConfig)",
+                       f"qwen3_5.py {_HALF} on x[..., :R]; interleaved MRoPE always",
+                       head_dim=256, partial_rotary_factor=0.25, mrope_interleaved=True,
+                       mrope_section=(11, 11, 10), **_HYBRID, num_hidden_layers=32),
+    "qwen3_5_moe_text": _f("qwen3_5_moe (Qwen3_5MoeTextConfig)",
+                           f"qwen3_5_moe.py {_HALF} on x[..., :R]; interleaved MRoPE always",
+                           head_dim=256, partial_rotary_factor=0.25, mrope_interleaved=True,
+                           mrope_section=(11, 11, 10), **_HYBRID, num_hidden_layers=40),
     "qwen3_vl_text": _f("qwen3_vl (Qwen3VLTextConfig)",
                         f"qwen3_vl.py {_HALF}; interleaved MRoPE always",
                         rope_theta=500000.0, head_dim=128, mrope_interleaved=True,
@@ -142,7 +160,8 @@ FAMILIES: dict[str, Family] = {
 }
 # composite configs name the wrapper; the text model's family holds the facts
 _WRAPPERS = {"llama4": "llama4_text", "qwen2_vl": "qwen2_vl_text", "qwen2_5_vl": "qwen2_5_vl_text",
-             "qwen3_vl": "qwen3_vl_text", "gemma3": "gemma3_text", "gemma4": "gemma4_text"}
+             "qwen3_vl": "qwen3_vl_text", "gemma3": "gemma3_text", "gemma4": "gemma4_text",
+             "qwen3_5": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_moe_text"}
 
 
 def family_of(model_type) -> Family | None:
