@@ -46,10 +46,15 @@ MODULES = {
     "bench": "a command-line tool", "bench_short": "a command-line tool",
     "check": "a command-line tool", "info": "a command-line tool",
     "__main__": "a command-line tool", "_core": "internal",
+    "hfpatch": "patches transformers' attention; the patched layers call cuprope.torch's "
+               "differentiable ops (gradients checked in test_hf_patch.py)",
 }
 
 # Public callables that are not ops on tensors autograd could follow.
 NOT_OPS = {
+    "torch.patch_hf": "patches a model's attention (no tensor in or out); the patched layers' "
+                      "gradients are checked against transformers in test_hf_patch.py",
+    "torch.unpatch_hf": "undoes patch_hf",
     "cuprope.default_inv_freq": "numbers in, a NumPy table out",
     "cuprope.gpu_available": "no arguments",
     "ggml.rope_config": "builds a RopeConfig (its freq_factors: probed through ggml.rope)",

@@ -95,7 +95,8 @@ def rope_only(hf_apply, rotary_dim):
     """``apply_rotary_pos_emb`` for a family without a q/k norm."""
     def apply_rotary_pos_emb_cuprope(q, k, cos, sin, unsqueeze_dim=1):
         if _tables_fit(q, k, cos, sin, unsqueeze_dim, rotary_dim):
-            return apply_rotary_pos_emb(q, k, cos, sin)
+            # partial rotary (Phi-3's partial_rotary_factor): the first R dims turn
+            return apply_rotary_pos_emb(q, k, cos, sin, partial_rotary=True)
         return hf_apply(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim)
     return apply_rotary_pos_emb_cuprope
 
