@@ -61,8 +61,19 @@ def _fwd_op(q: torch.Tensor, k: torch.Tensor, q_weight: _Opt, k_weight: _Opt, co
             rounding: str) -> tuple[torch.Tensor, torch.Tensor]:
     config, kw = _settings(config_key, offset, eps, norm, weight_offset, order, norm_over,
                            rounding)
-    return forward_call(q, k, config, None, False, None, **kw,
-                        **_call_kw(q_weight, k_weight, cos, sin, positions, seq_offsets))
+    oq, ok = forward_call(q, k, config, None, False, None, **kw,
+                          **_call_kw(q_weight, k_weight, cos, sin, positions, seq_offsets))
+    return _strided_like(oq, q), _strided_like(ok, k)
+
+
+def _strided_like(x, ref):
+    """``x`` with the strides ``torch.empty_like(ref)`` has (what the fake
+    kernels below promise inductor, which asserts them): ``x`` itself where
+    they match, else a copy."""
+    if x.stride() == ref.stride():
+        return x
+    y = torch.empty_like(ref)
+    return x if y.stride() == x.stride() else y.copy_(x)
 
 
 @_fwd_op.register_fake
@@ -83,6 +94,7 @@ def _bwd_op(q: torch.Tensor, k: torch.Tensor, grad_q: torch.Tensor, grad_k: torc
         q, k, grad_q, grad_k, config, None, None, **kw,
         **_call_kw(q_weight, k_weight, cos, sin, positions, seq_offsets))
     # a fresh empty tensor each: a custom op's outputs may not alias one another
+    dq, dk = _strided_like(dq, grad_q), _strided_like(dk, grad_k)
     return (dq, dk, q.new_empty(0) if dwq is None else dwq,
             q.new_empty(0) if dwk is None else dwk)
 
@@ -91,7 +103,7 @@ def _bwd_op(q: torch.Tensor, k: torch.Tensor, grad_q: torch.Tensor, grad_k: torc
 def _(q, k, grad_q, grad_k, q_weight, k_weight, *rest):
     def like(w):
         return q.new_empty(0) if w is None else torch.empty_like(w)
-    return torch.empty_like(q), torch.empty_like(k), like(q_weight), like(k_weight)
+    return torch.empty_like(grad_q), torch.empty_like(grad_k), like(q_weight), like(k_weight)
 
 
 def _setup(ctx, inputs, output):
