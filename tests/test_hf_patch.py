@@ -153,7 +153,12 @@ def generate_match(family, cache, td=torch.bfloat16, device="cpu", **extra):
     if cache == "static":
         kw["cache_implementation"] = "static"
     kw.update(extra)
-    ref = model.generate(ids, **kw)
+    try:
+        ref = model.generate(ids, **kw)
+    except TypeError as e:  # before any patching: transformers' own code (e.g. 5.17's Llama 4)
+        import transformers
+        pytest.skip(f"transformers {transformers.__version__}'s own generate fails on this "
+                    f"model before patching: {e}")
     ctorch.patch_hf(model)
     got = model.generate(ids, **kw)
     assert torch.equal(got, ref), (got, ref)
