@@ -575,3 +575,19 @@ def test_rows_kernel_step_groups_split_a_tokens_heads_at_decode():
         per = -(-10 // g)
         assert 1 <= g <= 10 and (g - 1) * per < 10 <= g * per  # every group has steps
         assert tokens * g <= max(64, tokens)
+
+
+def test_torch_op_outputs_keep_the_strides_the_fake_kernels_promise():
+    """The custom ops' outputs have torch.empty_like's strides of what their
+    fake kernels copy (q and k forward, the gradients backward), except where
+    a dim has one element: no copy is made for those (inductor ignores them)."""
+    torch = pytest.importorskip("torch")
+    from cuprope.qknorm import torch as qt
+    q = torch.randn(2, 5, 4, 8).transpose(1, 2)       # [B, H, S, D] over [B, S, H, D] memory
+    contiguous = q.contiguous()
+    fixed = qt._strided_like(contiguous, q)
+    assert fixed.stride() == torch.empty_like(q).stride() and torch.equal(fixed, q)
+    assert qt._strided_like(q, q) is q
+    one = torch.randn(1, 4, 1, 8)                     # decode: S 1
+    odd = one.as_strided(one.shape, (999, 8, 777, 1))
+    assert qt._strided_like(one, odd) is one          # only size-1 dims' strides differ
