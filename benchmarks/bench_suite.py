@@ -44,6 +44,11 @@ FlashInfer runs as ``fi_bench_bin`` (../shared/peers/README.md builds it) in its
 own process beside its own copy; without the binary its rows are skipped with
 a note. A family that fails is reported on stderr, the others still run, and
 the exit status is 1.
+
+The families with prefill cases (``REPEATED``) run ``--repeats`` times in the
+process (3 by default, 1 with ``--quick``), FlashInfer's binary again each
+time, and each row is the median of the passes, its note giving the spread
+(``suite_rows.combine``): a committed figure is one a rerun reproduces.
 """
 import argparse
 import os
@@ -287,6 +292,28 @@ def _models(ctx):
     return models_bench.suite(ctx)
 
 
+def repeats(args):
+    """Passes of a REPEATED family: --repeats, else 1 with --quick, else 3."""
+    if args.repeats is not None:
+        if args.repeats < 1:
+            sys.exit(f"bench_suite: --repeats must be at least 1, got {args.repeats}")
+        return args.repeats
+    return 1 if args.quick else 3
+
+
+def run_family(measure, ctx, passes):
+    """The rows of ``measure(ctx)`` over ``passes`` passes (FlashInfer's lines
+    timed afresh in each), combined by ``suite_rows.combine``."""
+    if passes == 1:
+        return measure(ctx)
+    runs = []
+    for i in range(passes):
+        ctx._fi = None  # fi_bench_bin runs again: its rows get a spread too
+        runs.append(measure(ctx))
+        progress(f"pass {i + 1} of {passes}")
+    return suite_rows.combine(runs)
+
+
 def commit_id():
     """CUPROPE_COMMIT if set, else the checkout's short hash (+ '-dirty')."""
     if os.environ.get("CUPROPE_COMMIT"):
@@ -328,11 +355,16 @@ def parse_args(argv=None):
     ap.add_argument("--cases", default="", help="only cases whose name contains one of these")
     ap.add_argument("--dtypes", default="", help="only these dtypes (bf16,fp16,fp32)")
     ap.add_argument("--no-report", action="store_true", help="do not print the targets table")
+    ap.add_argument("--repeats", type=int, default=None,
+                    help="passes of each family with prefill cases (%s); each row the median, "
+                    "its note the spread (default 3, 1 with --quick)" % ", ".join(REPEATED))
     ap.add_argument("--merge", nargs="+", metavar="CSV", help="no timing: join CSVs of earlier "
                     "runs on one device (e.g. families run in separate calls) into --out")
     return ap.parse_args(argv)
 
 
+# the families with prefill cases: run --repeats times, each row the median
+REPEATED = ("rotation", "schemes", "ggml", "qknorm", "kv", "prologue", "mla")
 ALL = ("rotation", "schemes", "ggml", "qknorm", "kv", "prologue", "mla", "decode", "host", "jax",
        "startup", "models")
 
@@ -353,6 +385,7 @@ def main(argv=None):
     bad = [f for f in only if f not in ALL]
     if bad:
         sys.exit(f"bench_suite: unknown families {bad}; choose from {', '.join(ALL)}")
+    passes = repeats(args)
     try:
         import torch
     except ImportError:
@@ -368,7 +401,7 @@ def main(argv=None):
     commit = commit_id()
     for fam in only:
         try:
-            rows += fams[fam](ctx)
+            rows += run_family(fams[fam], ctx, passes if fam in REPEATED else 1)
         except Exception:
             failed.append(fam)
             print(f"bench_suite: family {fam} failed:\n{traceback.format_exc()}", file=sys.stderr)

@@ -26,6 +26,7 @@ Columns (``COLUMNS``), one row per (family, op, case, dtype, impl):
 """
 import csv
 import math
+import statistics
 
 COLUMNS = ("family", "op", "case", "shape", "dtype", "impl", "us", "frac_copy", "ratio",
            "ratio_to", "bytes", "device", "commit", "note")
@@ -125,3 +126,36 @@ def merge(paths):
     if len(devs) > 1:
         raise ValueError(f"the CSVs name different devices {sorted(devs)}")
     return rows
+
+
+def combine(passes):
+    """One row per (family, op, case, dtype, impl) from several passes of the
+    same family (lists of rows, as the family returned them): us, frac_copy
+    and ratio the median of the passes' values, the note extended by the
+    passes' count and the spread of us (min–max, and max/min − 1 in %), so a
+    committed figure says how far a rerun moved it. A row only some passes
+    gave keeps those passes' values. Order: the first pass's, then rows that
+    only later passes gave."""
+    groups, order = {}, []
+    for rows in passes:
+        for r in rows:
+            k = (r["family"], r["op"], r["case"], r["dtype"], r["impl"])
+            if k not in groups:
+                groups[k] = []
+                order.append(k)
+            groups[k].append(r)
+    out = []
+    for k in order:
+        rs = groups[k]
+        row = dict(rs[0])
+        for c in ("us", "frac_copy", "ratio"):
+            vals = [_num(r[c]) for r in rs if _num(r[c]) is not None]
+            row[c] = statistics.median(vals) if vals else None
+        us = [_num(r["us"]) for r in rs if _num(r["us"]) is not None]
+        if len(rs) > 1 and us:
+            spread = f"{min(us):.4g}–{max(us):.4g} µs" + (
+                f", {100 * (max(us) / min(us) - 1):.1f} %" if min(us) > 0 else "")
+            extra = f"median of {len(rs)} suite passes ({spread})"
+            row["note"] = f"{row['note']}; {extra}" if row.get("note") else extra
+        out.append(row)
+    return out

@@ -466,3 +466,45 @@ def test_merge_joins_one_devices_csvs_and_refuses_two_devices(tmp_path):
     assert [(r["family"], r["us"]) for r in rows] == [("rotation", 1.0), ("kv", 2.0)]
     with pytest.raises(SystemExit, match="different devices"):
         bench_suite.main(["--merge", str(a), str(c), "--out", str(out)])
+
+
+def _row(op, impl, us, note="", case="llama3-8b"):
+    return suite_rows.make("rotation", op, case, "bf16", impl, us, note=note)
+
+
+def test_combine_takes_the_median_of_the_passes_and_states_the_spread():
+    passes = [[_row("qk_fwd", "copy", 10.0), _row("qk_fwd", "cuprope", 12.0, "events")],
+              [_row("qk_fwd", "copy", 11.0), _row("qk_fwd", "cuprope", 15.0, "events")],
+              [_row("qk_fwd", "copy", 10.5), _row("qk_fwd", "cuprope", 12.5, "events"),
+               _row("qk_bwd", "cuprope", 20.0)]]
+    rows = suite_rows.combine(passes)
+    assert [(r["op"], r["impl"]) for r in rows] == [("qk_fwd", "copy"), ("qk_fwd", "cuprope"),
+                                                    ("qk_bwd", "cuprope")]
+    assert [r["us"] for r in rows] == [10.5, 12.5, 20.0]
+    assert rows[1]["note"] == "events; median of 3 suite passes (12–15 µs, 25.0 %)"
+    assert rows[2]["note"] == ""                # one pass gave it: no spread claimed
+    suite_rows.finish(rows, "GPU", "abc")       # frac_copy from the medians
+    assert rows[1]["frac_copy"] == pytest.approx(10.5 / 12.5)
+
+
+def test_bench_suite_repeats_prefill_families_and_reruns_flashinfer(monkeypatch):
+    import bench_suite
+    args = bench_suite.parse_args([])
+    assert bench_suite.repeats(args) == 3
+    assert bench_suite.repeats(bench_suite.parse_args(["--quick"])) == 1
+    assert bench_suite.repeats(bench_suite.parse_args(["--quick", "--repeats", "2"])) == 2
+    with pytest.raises(SystemExit):
+        bench_suite.repeats(bench_suite.parse_args(["--repeats", "0"]))
+    assert {"rotation", "qknorm", "kv", "prologue", "mla"} <= set(bench_suite.REPEATED)
+    assert not {"decode", "host", "jax", "startup", "models"} & set(bench_suite.REPEATED)
+    ctx = bench_suite.Ctx(args)
+    seen, times = [], iter([3.0, 1.0, 2.0])
+
+    def measure(c):
+        seen.append(c._fi)
+        c._fi = ["fi lines of this pass"]
+        return [_row("qk_fwd", "cuprope", next(times))]
+    monkeypatch.setattr(bench_suite, "progress", lambda msg: None)
+    rows = bench_suite.run_family(measure, ctx, 3)
+    assert seen == [None, None, None]           # fi_bench_bin's lines are timed again each pass
+    assert len(rows) == 1 and rows[0]["us"] == 2.0 and "median of 3 suite passes" in rows[0]["note"]
