@@ -160,22 +160,16 @@ def liger_available(run):
 
 def timed(fn, run):
     """Median seconds of ``fn()`` over run.reps calls after one warm-up (CUDA
-    events; wall clock on a dry run)."""
-    import torch
+    events, ``cuprope.bench.time_gpu``; wall clock on a dry run)."""
+    if not run.dry:
+        from cuprope.bench import time_gpu
+        return time_gpu(fn, reps=run.reps, warm=1)
     fn()
     out = []
     for _ in range(run.reps):
-        if run.dry:
-            t = time.perf_counter()
-            fn()
-            out.append(time.perf_counter() - t)
-            continue
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
+        t = time.perf_counter()
         fn()
-        b.record()
-        b.synchronize()
-        out.append(a.elapsed_time(b) * 1e-3)
+        out.append(time.perf_counter() - t)
     return statistics.median(out)
 
 
