@@ -193,11 +193,15 @@ __device__ __forceinline__ double inv_freq_at(const RopeArgs& a, long long frow,
   return reinterpret_cast<const double*>(a.inv_freq_ptr)[frow * a.freq_sh + j];
 }
 
-// (cos, sin) of pos * f with the scale and the sin sign applied.
-__device__ __forceinline__ float2 scaled_cos_sin(const RopeArgs& a, long long pos, double f) {
+// (cos, sin) of pos * f times the scale, sin also times the sign.
+__device__ __forceinline__ float2 scaled_cos_sin(long long pos, double f, float sc, float sign) {
   const float2 cs = exact_cos_sin(pos, f);
-  const float sc = static_cast<float>(a.scale);
-  return make_float2(cs.x * sc, cs.y * sc * static_cast<float>(a.sin_sign));
+  return make_float2(cs.x * sc, cs.y * sc * sign);
+}
+
+// ... with a's scale and sin sign.
+__device__ __forceinline__ float2 scaled_cos_sin(const RopeArgs& a, long long pos, double f) {
+  return scaled_cos_sin(pos, f, static_cast<float>(a.scale), static_cast<float>(a.sin_sign));
 }
 
 // (cos, sin) of pair j for the token at (b, s) and head row `frow` of the

@@ -4,13 +4,15 @@
 // rotary_embedding take it (cuprope/_core/decode.py); its arithmetic is
 // theirs (rotate_chunk, scaled_cos_sin), so the results are the same bits.
 //
-// Work: grid (token blocks, head groups), block (cx, hy, tz): thread (x, y, z)
-// of block (i, j) owns chunks x, x + cx, ... (ChunkGeometry) of head j·hy + y
-// (q's heads, then k's) of token i·tz + z. Every index is a block or thread
-// index: no division unless both B and S exceed one. The thread issues its
-// q/k packs and the position load first, then reads its chunk's cos/sin from
-// a row of an fp32 table (four 16-byte loads for 16-bit VEC 8), rotates and
-// stores: two dependent loads.
+// Work: grid (gx, head groups, gz), block (cx, hy, tz): thread (x, y, z) of
+// block (i, j, k) owns chunks x, x + cx, ... (ChunkGeometry) of head j·hy + y
+// (q's heads, then k's) of token (b, s) = (k·tz + z, 0) when S is 1, else
+// (k, i·tz + z). Every index is a block or thread index, chosen by selects:
+// no division and no branch before the first loads (at a kernel's start a
+// branch waits for its constant and for its target's instructions). The
+// thread issues the position load and its q/k packs first, then reads its
+// chunk's cos/sin from a row of an fp32 table (four 16-byte loads for 16-bit
+// VEC 8), rotates and stores: two dependent loads.
 //
 // The table is KvArgs' cs_ptr [cs_rows, R] (row stride cs_st; cos of the
 // pairs in [0, R/2), their sin in [R/2, R)):
@@ -39,6 +41,44 @@ __device__ __forceinline__ void load_row(long long ptr, long long off, float (&o
   }
 }
 
+// A load of `ptr[i]` through the read-only path where `on`, else 0: a
+// predicated instruction, never a branch around it (the compiler branches
+// around a plain `on ? ptr[i] : 0`).
+__device__ __forceinline__ long long load_if(bool on, const long long* ptr, long long i) {
+  long long v = 0;
+  asm("{\n .reg .pred q;\n setp.ne.u32 q, %2, 0;\n @q ld.global.nc.s64 %0, [%1];\n}"
+      : "+l"(v) : "l"(ptr + i), "r"(static_cast<unsigned>(on)));
+  return v;
+}
+__device__ __forceinline__ long long load_if(bool on, const int* ptr, long long i) {
+  int v = 0;
+  asm("{\n .reg .pred q;\n setp.ne.u32 q, %2, 0;\n @q ld.global.nc.s32 %0, [%1];\n}"
+      : "+r"(v) : "l"(ptr + i), "r"(static_cast<unsigned>(on)));
+  return v;
+}
+
+// token_position (no position streams), its loads issued together and
+// predicated: the position (int32 or int64; none: s) and the sequence offset.
+__device__ __forceinline__ long long decode_position(const RopeArgs& a, unsigned b, unsigned s) {
+  const long long i = b * a.pos_sb + s * a.pos_ss;
+  const bool pos = a.pos_ptr != 0, p64 = a.pos_is64 != 0;
+  const bool off = a.seq_off_ptr != 0, o64 = a.seq_off_is64 != 0;
+  const long long p = load_if(pos && p64, reinterpret_cast<const long long*>(a.pos_ptr), i) +
+                      load_if(pos && !p64, reinterpret_cast<const int*>(a.pos_ptr), i);
+  const long long o = load_if(off && o64, reinterpret_cast<const long long*>(a.seq_off_ptr), b) +
+                      load_if(off && !o64, reinterpret_cast<const int*>(a.seq_off_ptr), b);
+  return (pos ? p : static_cast<long long>(s)) + o + a.offset;
+}
+
+// The float64 angle of pair j (shared frequencies) for a token past the
+// angle table: out of line and per pair (a float2 in registers), so the
+// table's path is the kernel's straight code (inline, the fallback doubled
+// the kernel's code) and keeps its cos/sin in registers.
+__device__ __noinline__ float2 decode_pair_angle(long long inv_freq_ptr, int j, long long pos,
+                                                 float sc, float sign) {
+  return scaled_cos_sin(pos, reinterpret_cast<const double*>(inv_freq_ptr)[j], sc, sign);
+}
+
 // Bounded as the shared-angle rope kernels (64 registers at the defaults:
 // 40-64 used, no spill), so large decode batches keep 32 warps per SM.
 template <typename T, bool INTERLEAVED, int VEC, int SRC>
@@ -56,21 +96,15 @@ __global__ void __launch_bounds__(kThreads, CUPROPE_MIN_BLOCKS)
           : 0);
   const int heads0 = static_cast<int>(a.heads[0]);
   const int h = static_cast<int>(blockIdx.y * blockDim.y + threadIdx.y);
-  const unsigned t = blockIdx.x * blockDim.z + threadIdx.z;
-  const unsigned n_seq = static_cast<unsigned>(a.n_seq);
+  const bool one = a.n_seq == 1;  // tokens of a block: along B when S is 1, else along S
+  const unsigned run = (one ? blockIdx.z : blockIdx.x) * blockDim.z + threadIdx.z;
+  const unsigned b = one ? run : blockIdx.z;
+  const unsigned s = one ? 0u : run;
   if (h >= heads0 + static_cast<int>(a.heads[1]) ||
-      t >= static_cast<unsigned>(a.n_batch) * n_seq) {
+      run >= static_cast<unsigned>(one ? a.n_batch : a.n_seq)) {
     return;
   }
-  unsigned b = 0, s = t;
-  if (n_seq == 1) {
-    b = t;
-    s = 0;
-  } else if (a.n_batch != 1) {
-    b = t / n_seq;
-    s = t - b * n_seq;
-  }
-  const long long pos0 = token_position(a, b, s, 0);
+  const long long pos0 = decode_position(a, b, s);
   const bool is_k = h >= heads0;
   const long long hh = is_k ? h - heads0 : h;
   const long long in_ptr = is_k ? a.in_ptr[1] : a.in_ptr[0];
@@ -108,7 +142,11 @@ __global__ void __launch_bounds__(kThreads, CUPROPE_MIN_BLOCKS)
           }
         }
       } else if constexpr (SRC == kKvAngles) {
-        chunk_cos_sin<T, INTERLEAVED, VEC, kKvAngles>(a, kv, b, s, 0, pos0, pair_at, cs);
+        const float sc = static_cast<float>(a.scale);
+#pragma unroll
+        for (int v = 0; v < VEC; ++v) {
+          cs[v] = decode_pair_angle(a.inv_freq_ptr, pair_at(v), pos0, sc, sign);
+        }
       } else {
         return;  // outside the caller's cos_sin_cache: the token is not written
       }

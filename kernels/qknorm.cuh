@@ -398,8 +398,11 @@ struct GridPart {
 };
 
 // The general kernel's body (qknorm_kernel, and its flat entry in
-// kernels/qknorm_flat.cuh): warp w takes tokens w, w + W, ... (W warps in the
-// blocks of ``grid``); forward results go to ``sink``.
+// kernels/qknorm_flat.cuh): warp w takes items w, w + W, ... (W warps in the
+// blocks of ``grid``), an item a token's units (its heads, or all of them for
+// the norm over the token) split into a.step_groups contiguous groups (1 at
+// prefill and backward: a warp walks all of its token's units; more at
+// decode, so the units' chains overlap); forward results go to ``sink``.
 template <typename T, bool INTERLEAVED, bool BWD, class Grid = WholeGrid, class Sink = QkOutSink>
 __device__ __forceinline__ void qknorm_body(const QkNormArgs& a, const Grid& grid = Grid{},
                                             const Sink& sink = Sink{}) {
@@ -417,7 +420,15 @@ __device__ __forceinline__ void qknorm_body(const QkNormArgs& a, const Grid& gri
     __syncwarp();
   }
   const bool shared_src = !a.table && !a.r.freq_sh;
-  for (long long tok = warp; tok < tokens; tok += n_warps) {
+  const int groups = BWD ? 1 : static_cast<int>(a.step_groups);
+  const int ustep[2] = {a.norm_token ? max(1, static_cast<int>(a.r.heads[0])) : 1,
+                        a.norm_token ? max(1, static_cast<int>(a.r.heads[1])) : 1};
+  const int units = (static_cast<int>(a.r.heads[0]) + ustep[0] - 1) / ustep[0] +
+                    (static_cast<int>(a.r.heads[1]) + ustep[1] - 1) / ustep[1];
+  const int per = (units + groups - 1) / groups;
+  for (long long item = warp; item < tokens * groups; item += n_warps) {
+    const long long tok = groups > 1 ? item / groups : item;
+    const int u0 = static_cast<int>(item - tok * groups) * per, u1 = min(units, u0 + per);
     const unsigned b = static_cast<unsigned>(tok / a.r.n_seq);
     const unsigned s = static_cast<unsigned>(tok - static_cast<long long>(b) * a.r.n_seq);
     const long long pos0 = (a.table || a.r.stream_map_ptr) ? 0 : token_position(a.r, b, s, 0);
@@ -426,13 +437,15 @@ __device__ __forceinline__ void qknorm_body(const QkNormArgs& a, const Grid& gri
     }
     __syncwarp();
     const QkToken tk{b, s, pos0, cs};
+    int ui = 0;  // the unit's index among the token's
     for (int t = 0; t < 2; ++t) {
       const int heads = static_cast<int>(a.r.heads[t]);
       const long long in_off = b * a.r.in_sb[t] + s * a.r.in_ss[t];
       const long long out_off = b * a.r.out_sb[t] + s * a.r.out_ss[t];
       const long long x_off = b * a.x_sb[t] + s * a.x_ss[t];
-      const int step = a.norm_token ? heads : 1;
-      for (int h0 = 0; h0 < heads; h0 += step) {
+      const int step = ustep[t];
+      for (int h0 = 0; h0 < heads; h0 += step, ++ui) {
+        if (ui < u0 || ui >= u1) continue;
         const QkUnit u{t, h0, step, in_off, out_off, x_off, npairs, d - npairs,
                        a.r.in_ptr[t], a.r.out_ptr[t], a.x_ptr[t]};
         if constexpr (BWD) {

@@ -54,7 +54,7 @@ def test_few_tokens_take_the_decode_rows_with_the_general_words(dtype, b, s):
                   np.frombuffer(spec.params[1][1], dtype=np.int64)))
     assert (kv["cs_ptr"], kv["cs_st"], kv["cs_rows"]) == (4096, D, 32768)
     assert spec.calls == general.calls and spec.vec == general.vec
-    assert (spec.grid, spec.block) == decode.geometry(132, D // 2 // spec.vec, HQ + HK, b * s)
+    assert (spec.grid, spec.block) == decode.geometry(132, D // 2 // spec.vec, HQ + HK, b, s)
 
 
 @pytest.mark.parametrize("case", ["prefill", "jax", "off", "per_head", "stream_map",
@@ -83,28 +83,33 @@ def test_other_launches_keep_the_general_kernel(monkeypatch, case):
     assert table.asked == 0
 
 
-@pytest.mark.parametrize("chunks,htot,tokens", [(8, 40, 1), (8, 40, 64), (8, 40, 1024),
-                                                (4, 3, 5), (16, 40, 7), (32, 1, 2), (40, 6, 3),
-                                                (6, 10, 9), (1, 33, 12)])
-def test_geometry_covers_every_token_head_and_chunk_once(chunks, htot, tokens):
-    """Thread (x, y, z) of block (i, j) takes chunks x, x + cx, ... of head
-    j·hy + y of token i·tz + z (kernels/decode.cuh): every (token, head,
-    chunk) exactly once, blocks of at most WARPS warps' worth of threads."""
-    (gx, gy, gz), (cx, hy, tz) = decode.geometry(132, chunks, htot, tokens)
-    assert gz == 1 and cx * hy * tz <= 32 * decode.WARPS and gy <= decode.MAX_GRID_Y
-    seen = np.zeros((tokens, htot, chunks), dtype=np.int64)
-    for i, j, x, y, z in itertools.product(range(gx), range(gy), range(cx), range(hy), range(tz)):
-        t, h = i * tz + z, j * hy + y
-        if t < tokens and h < htot:
-            seen[t, h, x::cx] += 1
+@pytest.mark.parametrize("chunks,htot,n_batch,n_seq", [
+    (8, 40, 1, 1), (8, 40, 64, 1), (8, 40, 1024, 1), (4, 3, 5, 1), (4, 3, 1, 5), (16, 40, 7, 1),
+    (32, 1, 2, 1), (40, 6, 3, 1), (6, 10, 3, 3), (1, 33, 12, 1), (8, 40, 2, 300), (8, 40, 300, 2)])
+def test_geometry_covers_every_token_head_and_chunk_once(chunks, htot, n_batch, n_seq):
+    """Thread (x, y, z) of block (i, j, k) takes chunks x, x + cx, ... of head
+    j·hy + y of token (k·tz + z, 0) when S is 1, else (k, i·tz + z)
+    (kernels/decode.cuh): every (token, head, chunk) exactly once, blocks of
+    at most WARPS warps' worth of threads."""
+    (gx, gy, gz), (cx, hy, tz) = decode.geometry(132, chunks, htot, n_batch, n_seq)
+    assert cx * hy * tz <= 32 * decode.WARPS and gy <= decode.MAX_GRID_Y
+    seen = np.zeros((n_batch, n_seq, htot, chunks), dtype=np.int64)
+    for i, j, k, x, y, z in itertools.product(range(gx), range(gy), range(gz), range(cx),
+                                              range(hy), range(tz)):
+        run = (k if n_seq == 1 else i) * tz + z
+        b, s = (run, 0) if n_seq == 1 else (k, run)
+        h = j * hy + y
+        if run < (n_batch if n_seq == 1 else n_seq) and h < htot:
+            seen[b, s, h, x::cx] += 1
     assert (seen == 1).all()
 
 
 def test_geometry_spreads_one_token_over_many_blocks():
     """B 1 (Llama-3-8B heads): a block per 4 heads (10 blocks of a warp);
-    B 1024: 4 tokens a block."""
-    assert decode.geometry(132, 8, 40, 1) == ((1, 10, 1), (8, 4, 1))
-    assert decode.geometry(132, 8, 40, 1024) == ((256, 10, 1), (8, 4, 4))
+    B 1024: 4 tokens a block; a sequence of 1024 tokens the same along S."""
+    assert decode.geometry(132, 8, 40, 1, 1) == ((1, 10, 1), (8, 4, 1))
+    assert decode.geometry(132, 8, 40, 1024, 1) == ((1, 10, 256), (8, 4, 4))
+    assert decode.geometry(132, 8, 40, 1, 1024) == ((256, 10, 1), (8, 4, 4))
 
 
 def test_table_rows_default_explicit_none():

@@ -577,6 +577,26 @@ def test_rows_kernel_step_groups_split_a_tokens_heads_at_decode():
         assert tokens * g <= max(64, tokens)
 
 
+def test_general_kernel_unit_groups_split_a_tokens_heads_at_decode():
+    """qknorm_kernel (tables, partial rotary, the norm over the token): at
+    decode a token's units (heads; a tensor's heads for the norm over the
+    token) spread over warps in contiguous non-empty groups instead of one
+    warp's chain of all of them; at prefill one warp takes the whole token."""
+    from types import SimpleNamespace as NS
+
+    from cuprope.qknorm import launch as ql
+    ins = [NS(shape=(1, 16, 128)), NS(shape=(1, 8, 128))]  # Qwen3-0.6B at decode: 24 heads
+    head, token = NS(layout="thd", over="head"), NS(layout="thd", over="token")
+    assert ql.unit_groups(head, ins, 1, 4224) == 24
+    assert ql.unit_groups(token, ins, 1, 4224) == 2
+    assert ql.unit_groups(token, [ins[0], NS(shape=(1, 0, 128))], 1, 4224) == 1
+    assert ql.unit_groups(head, ins, 16384, 4224) == 1
+    for tokens in range(1, 60):
+        g = ql.unit_groups(head, ins, tokens, 512)
+        per = -(-24 // g)
+        assert 1 <= g <= 24 and (g - 1) * per < 24 <= g * per  # every group has units
+
+
 def test_torch_op_outputs_keep_the_strides_the_fake_kernels_promise():
     """The custom ops' outputs have torch.empty_like's strides of what their
     fake kernels copy (q and k forward, the gradients backward), except where

@@ -56,25 +56,30 @@ def table_aligned(dtype, interleaved, vec, src, ptr, row_stride) -> bool:
     return ptr % piece == 0 and (row_stride * item) % piece == 0
 
 
-def geometry(sms, chunks, htot, tokens):
-    """(grid, block) of the decode rows: block (cx, hy, tz) = (chunk lanes,
-    heads, tokens), cx·hy ~ one warp, tz from 1 up to WARPS once the grid has
-    ~4 blocks per SM; grid (token blocks, head groups)."""
+def geometry(sms, chunks, htot, n_batch, n_seq):
+    """(grid, block) of the decode rows for ``n_batch`` x ``n_seq`` tokens:
+    block (cx, hy, tz) = (chunk lanes, heads, tokens), cx·hy ~ one warp, tz
+    tokens along B when S is 1 (along S otherwise), from 1 up to WARPS once
+    the grid has ~4 blocks per SM; grid (S blocks, head groups, B) or, when
+    S is 1, (1, head groups, B blocks): every index a block or thread index."""
     cx = min(chunks, 32)
     hy = max(1, min(32 // cx, htot))
     gy = -(-htot // hy)
-    tz = max(1, min(WARPS, tokens, tokens * gy // (4 * sms)))
-    return (-(-tokens // tz), gy, 1), (cx, hy, tz)
+    run = n_batch if n_seq == 1 else n_seq
+    tz = max(1, min(WARPS, run, n_batch * n_seq * gy // (4 * sms)))
+    if n_seq == 1:
+        return (1, gy, -(-n_batch // tz)), (cx, hy, tz)
+    return (-(-n_seq // tz), gy, n_batch), (cx, hy, tz)
 
 
 def spec(sms, *, dtype, interleaved, vec, src, rope_args, kv, calls, htot, chunks,
-         tokens) -> LaunchSpec | None:
+         n_batch, n_seq) -> LaunchSpec | None:
     """The decode rows' LaunchSpec (None where the grid cannot hold the
-    heads): ``rope_args`` a packed RopeArgs (its head groups and tiling are
-    not read), ``kv`` KvArgs fields by name (the table: cs_ptr, cs_st,
-    cs_rows), ``calls`` as LaunchSpec's."""
-    grid, block = geometry(sms, chunks, htot, tokens)
-    if grid[1] > MAX_GRID_Y:
+    heads or the sequences): ``rope_args`` a packed RopeArgs (its head
+    groups and tiling are not read), ``kv`` KvArgs fields by name (the table:
+    cs_ptr, cs_st, cs_rows), ``calls`` as LaunchSpec's."""
+    grid, block = geometry(sms, chunks, htot, n_batch, n_seq)
+    if grid[1] > MAX_GRID_Y or grid[2] > MAX_GRID_Y:
         return None
     return LaunchSpec(decode_kernel_name(dtype, interleaved, src), FAMILY, grid, block, 0,
                       [(ROPE_ARGS, rope_args), (KV_ARGS, KV_ARGS.pack(**kv))], calls, vec=vec,

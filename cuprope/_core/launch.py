@@ -278,7 +278,8 @@ def rope_spec(*, sms, dtype, interleaved, plans, n_batch, n_seq, head_dim, rot_d
         ptr, n = angles()
         spec = decode.spec(sms, dtype=dtype, interleaved=interleaved, vec=vec, src=KV_ANGLES,
                            rope_args=args, kv=dict(cs_ptr=ptr, cs_st=rot_dim, cs_rows=n),
-                           calls=calls, htot=htot, chunks=chunks, tokens=tokens)
+                           calls=calls, htot=htot, chunks=chunks, n_batch=n_batch,
+                           n_seq=n_seq)
         if spec is not None:
             return spec
     key = (dtype, interleaved, vec, src, act, backward_act)

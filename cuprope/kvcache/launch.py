@@ -76,7 +76,8 @@ def kv_spec(device, *, dtype, interleaved, vec, src, fp8, rope, kv, calls=()):
         # a cos_sin_cache rotation of few tokens (rotary_embedding): the decode rows
         rows = decode.spec(sm_count(device), dtype=dtype, interleaved=interleaved, vec=vec,
                            src=src, rope_args=ROPE_ARGS.pack(**rope), kv=kv, calls=calls,
-                           htot=htot, chunks=chunks, tokens=tokens)
+                           htot=htot, chunks=chunks, n_batch=rope["n_batch"],
+                           n_seq=rope["n_seq"])
         if rows is not None:
             return rows
     slice_ = src == KV_ANGLES and not rope.get("freq_sh")  # the warp's cos/sin slice

@@ -115,7 +115,10 @@ def geometry(call, ins, out_infos, backward, sms) -> Geometry:
     part_cols = sum(weight_lengths(call)) if backward else 0
     vec = fast_vec(call, ins, out_infos, backward, part_cols)
     tokens, cap = call.b * call.s, (8 if vec else 4) * WARPS * sms
-    groups = step_groups(call, ins, npairs, vec, tokens, cap) if vec and not backward else 1
+    groups = 1
+    if not backward:
+        groups = (step_groups(call, ins, npairs, vec, tokens, cap) if vec
+                  else unit_groups(call, ins, tokens, cap))
     warps = min(tokens * groups, cap)
     blocks = max(1, -(-warps // WARPS))
     smem = WARPS * npairs * 8
@@ -139,7 +142,21 @@ def step_groups(call, ins, npairs, vec, tokens, cap) -> int:
     past that the split measured slower in the prologue, NOTES 42).
     Forward only (the backward kernel keeps one warp per token)."""
     heads = sum(canon_sizes(i.shape, call.layout)[2] for i in ins)
-    steps = -(-heads // (32 // (npairs // vec)))
+    return _groups(-(-heads // (32 // (npairs // vec))), tokens, cap)
+
+
+def unit_groups(call, ins, tokens, cap) -> int:
+    """The same split for qknorm_kernel, whose warp walks one unit a step (a
+    head, or a tensor's heads for the norm over the token): at decode a
+    token's units spread over warps instead of one warp's chain of them."""
+    heads = [canon_sizes(i.shape, call.layout)[2] for i in ins]
+    units = sum(h > 0 for h in heads) if call.over == "token" else sum(heads)
+    return _groups(max(units, 1), tokens, cap)
+
+
+def _groups(steps, tokens, cap) -> int:
+    """Contiguous non-empty groups of ``steps`` for ``tokens`` tokens, up to
+    an eighth of the ``cap`` warps."""
     want = max(1, min(steps, cap // 8 // max(tokens, 1)))
     per = -(-steps // want)
     return -(-steps // per)
