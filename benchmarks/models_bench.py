@@ -256,8 +256,12 @@ def _decode_profile(model, ids, case, shape, impl, run):
         cache = getattr(out, "cache", None) or out.past_key_values
         nxt = out.logits[:, -1:].argmax(-1)
 
+        # transformers renamed past_key_values to cache (5.2x): pass the one it takes
+        kw = {"cache" if "cache" in inspect.signature(type(model).forward).parameters
+              else "past_key_values": cache}
+
         def step():
-            model(nxt, cache=cache, use_cache=True)
+            model(nxt, use_cache=True, **kw)
         f, _ = _profile(model, step, run)
     return suite_rows.make("models", "decode pos+norm", case, run.dtype, impl, f, shape=shape,
                            ratio_to="" if impl == "cuprope" else "cuprope",
