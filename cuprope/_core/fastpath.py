@@ -12,9 +12,11 @@ the general path, which validates and raises as usual.
 
 One implementation serves every entry point with a fast path: the core
 (``cuprope.rope.api``, ``cuprope.tables``), the fused KV-cache append
-(``cuprope.kvcache``), the cos/sin-cache call (``cuprope.cos_sin_cache``)
-and the fused QK-norm forward and backward (``cuprope.qknorm``; the
-backward's entry replays its kernel and the weight gradients' reductions).
+(``cuprope.kvcache``), the cos/sin-cache call (``cuprope.cos_sin_cache``),
+the fused QK-norm forward and backward (``cuprope.qknorm``; the
+backward's entry replays its kernel and the weight gradients' reductions),
+the decode prologue (``cuprope.prologue``) and DeepSeek MLA's append
+(``cuprope.mla``).
 The entries live in the owner's ``cuprope.config.LaunchCache.fast``:
 
 * ``ticket(fw, header, arrays, pairs)``: the cache key (``header`` + each
@@ -24,6 +26,8 @@ The entries live in the owner's ``cuprope.config.LaunchCache.fast``:
   ``device`` and ``align``, such as the QK-norm backward's launches) under
   the key;
 * ``lookup(fast, key, ptrs, current_device)``: the plan, or None;
+* ``registered(fast, ticket)``: the plan a validated general-path call
+  reuses (any current device), or None;
 * ``fast_call(fast, fw, header, arrays)``: ``plan.run(stream, *ptrs)`` of the
   registered plan (its per-call words index the arrays' pointers).
 
@@ -139,6 +143,18 @@ def remember(plans, tkt, spans, payload):
     entry.variants[entry.variant(ptrs)] = payload
 
 
+def registered(plans, tkt):
+    """The launch registered under the ticket's key and pointer differences
+    (whichever device is current), or None (also for a None ticket): a
+    general-path call that has validated its arrays reuses it."""
+    if tkt is None:
+        return None
+    entry = plans.get(tkt[0])
+    if entry is None:
+        return None
+    return entry.variants.get(entry.variant(tkt[1]) if entry.guards else ())
+
+
 def lookup(plans, key, ptrs, current_device):
     """The launch registered for this key and these pointers, or None (also
     when another device is current)."""
@@ -160,7 +176,10 @@ def fast_call(plans, fw, header, arrays):
     tkt = ticket(fw, header, arrays)
     if tkt is None:
         return False
-    hit = lookup(plans, tkt[0], tkt[1], fw[4])
+    try:
+        hit = lookup(plans, tkt[0], tkt[1], fw[4])
+    except TypeError:  # an unhashable setting: the general path says what is wrong
+        return False
     if hit is None:
         return False
     hit.run(fw[3](hit.device), *tkt[1])
