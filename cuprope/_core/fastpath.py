@@ -95,21 +95,18 @@ class Entry:
     """The launches registered under one key: ``guards`` (i, j, lo, hi), the
     windows of ptrs[j] - ptrs[i] where arrays i and j may overlap;
     ``variants`` maps the differences inside their windows (None outside) to
-    a launch."""
+    a launch; ``variant(ptrs)`` gives those differences (a function compiled
+    from the guards' integers: one expression per guard, no loop)."""
 
-    __slots__ = ("guards", "variants")
+    __slots__ = ("guards", "variants", "variant")
 
     def __init__(self, guards):
         self.guards, self.variants = guards, {}
-
-    def variant(self, ptrs):
-        g = self.guards
-        if len(g) == 1:  # the common case (q and k in place, query and key)
-            i, j, lo, hi = g[0]
-            d = ptrs[j] - ptrs[i]
-            return (d if lo < d < hi else None,)
-        return tuple([d if lo < d < hi else None
-                      for i, j, lo, hi in g for d in (ptrs[j] - ptrs[i],)])
+        terms = "".join(f"(d if {int(lo)} < (d := p[{int(j)}] - p[{int(i)}]) < {int(hi)} "
+                        f"else None), " for i, j, lo, hi in guards)
+        ns: dict = {}
+        exec(f"def variant(p):\n    return ({terms})\n", ns)  # noqa: S102 - integers only
+        self.variant = ns["variant"]
 
 
 def ticket(fw, header, arrays, pairs=()):
@@ -170,19 +167,24 @@ def lookup(plans, key, ptrs, current_device):
 def fast_call(plans, fw, header, arrays):
     """Run the Plan registered for ``arrays`` (its per-call words taken from
     their pointers) and return True, or return False: the general path must
-    run. ``fw``: adapter_of(arrays[0])."""
-    if not plans:
+    run. ``fw``: adapter_of(arrays[0]). (ticket and lookup, inline: this is
+    every fast call's host time.)"""
+    if not plans or fw is None:
         return False
-    tkt = ticket(fw, header, arrays)
-    if tkt is None:
-        return False
+    key, ptrs = list(header), []
     try:
-        hit = lookup(plans, tkt[0], tkt[1], fw[4])
+        fw[0](arrays, key, ptrs)
+        entry = plans.get(tuple(key))
+    except NoFastPath:
+        return False
     except TypeError:  # an unhashable setting: the general path says what is wrong
         return False
-    if hit is None:
+    if entry is None:
         return False
-    hit.run(fw[3](hit.device), *tkt[1])
+    hit = entry.variants.get(entry.variant(ptrs) if entry.guards else ())
+    if hit is None or fw[4]() != hit.device:
+        return False
+    hit.run(fw[3](hit.device), *ptrs)
     return True
 
 
