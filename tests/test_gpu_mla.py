@@ -10,6 +10,7 @@ exactly the e4m3 bytes of those values (``kvcache_reference.scaled_e4m3``);
 caches and outputs start as random bytes, and every byte the spec does not
 write must survive (padding, out-of-range slots and pages, other rows).
 """
+import threading
 import zlib
 
 import numpy as np
@@ -17,10 +18,10 @@ import pytest
 
 import cuprope
 from conftest import GPU_TESTS
-from torch_helpers import host_bytes, randn
+from torch_helpers import count_calls, host_bytes, randn
 from torch_helpers import sentinel as poison
 from cuprope.kvcache import reference as kref
-from cuprope.mla import rope_append_mla
+from cuprope.mla import api as mla_api, rope_append_mla
 from cuprope.mla.reference import mla_reference
 from hf_configs import CONFIGS as HF
 from oracle import assert_matches
@@ -467,8 +468,6 @@ def test_mla_fast_path_equals_the_general_path(dtype, fp8, layout, addr, monkeyp
     """Decode steps with fresh tensors of one signature: the first validates
     and plans, the others take the fast path; every step writes the bytes a
     fresh config's general path writes on copies of the same state."""
-    import cuprope.mla.api as mla_api
-    from torch_helpers import count_calls
     checked = count_calls(monkeypatch, mla_api, "_caches")
     cfg = deepseek_v3()
     for step in range(4):
@@ -483,9 +482,6 @@ def test_mla_fast_path_changes_threads_and_refusals(monkeypatch):
     """A changed shape, dtype or setting and another thread reach the general
     path first (with its bytes); a tensor requiring grad and an output
     overlapping an input raise as before on a warm signature."""
-    import threading
-    import cuprope.mla.api as mla_api
-    from torch_helpers import count_calls
     torch = _torch()
     checked = count_calls(monkeypatch, mla_api, "_caches")
     cfg = deepseek_v3()

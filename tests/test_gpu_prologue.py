@@ -10,14 +10,16 @@ an exact zero, which that identity rotation may flip (constructed zeros). Plus t
 reference (cuprope.prologue.reference) within a tolerance a wrong kernel
 cannot meet, and CUDA-graph replays with new positions, slots and scales.
 """
+import threading
+
 import numpy as np
 import pytest
 
 import cuprope
 from conftest import GPU_TESTS
-from torch_helpers import gen, host_bytes, randn, sentinel, tdt
+from torch_helpers import count_calls, gen, host_bytes, randn, sentinel, tdt
 from cuprope import kvcache, qknorm
-from cuprope.prologue import qk_norm_rope_append_kv, reference as pref
+from cuprope.prologue import api as papi, qk_norm_rope_append_kv, reference as pref
 
 pytestmark = GPU_TESTS
 
@@ -393,8 +395,6 @@ def test_fast_path_equals_the_general_path(dtype, fp8, addr, combined, monkeypat
     """Decode steps with fresh tensors of one signature: the first validates
     and plans, the others take the fast path, and every step writes the
     bytes a fresh general-path call writes on copies of the same state."""
-    from cuprope.prologue import api as papi
-    from torch_helpers import count_calls
     torch = _torch()
     checked = count_calls(monkeypatch, papi, "QkNormCall")
     cfg = cfg_thd()
@@ -413,8 +413,6 @@ def test_fast_path_equals_the_general_path(dtype, fp8, addr, combined, monkeypat
 def test_fast_path_not_taken_when_arguments_change(monkeypatch):
     """Each change of a signature or setting reaches the general path (and
     writes the general path's bytes), then is fast in turn."""
-    from cuprope.prologue import api as papi
-    from torch_helpers import count_calls
     torch = _torch()
     checked = count_calls(monkeypatch, papi, "QkNormCall")
     cfg = cfg_thd()
@@ -442,9 +440,6 @@ def test_fast_path_not_taken_when_arguments_change(monkeypatch):
 def test_fast_path_other_thread_and_grad_take_the_general_path(monkeypatch):
     """Another thread validates its own first call; a tensor requiring grad
     raises as before, warm signature or not."""
-    import threading
-    from cuprope.prologue import api as papi
-    from torch_helpers import count_calls
     torch = _torch()
     checked = count_calls(monkeypatch, papi, "QkNormCall")
     cfg = cfg_thd()
