@@ -93,7 +93,13 @@ def _rows(**v):
              m("models", "train step", "m", "bf16", "hf-compile", 91.0, ratio_to="cuprope-compile")]
     rows += [m("host", "torch mul_", "B 8", "bf16", "torch-mul_", 10.0, ratio=1.0),
              m("host", "rope_qk_forward in place, positions int32 [B,1]", "B 8", "bf16",
-               "cuprope", 12.0, ratio=v.get("host", 1.2), ratio_to="torch-mul_")]
+               "cuprope", 12.0, ratio=v.get("host", 1.2), ratio_to="torch-mul_"),
+             m("host", "kv append fp8 (device scales), paged", "B 8", "bf16", "cuprope", 14.0,
+               ratio=1.4, ratio_to="torch-mul_"),
+             m("host", "prologue fp8 (device scales, fp8 q out), paged", "B 8", "bf16",
+               "cuprope", 14.0, ratio=v.get("host_fused", 1.45), ratio_to="torch-mul_"),
+             m("host", "rope_append_mla fp8, DeepSeek-V3", "T 8", "bf16", "cuprope", 14.0,
+               ratio=1.3, ratio_to="torch-mul_")]
     return suite_rows.finish(rows, "TEST GPU", "deadbee")
 
 
@@ -112,7 +118,8 @@ def test_every_target_met_on_rows_past_every_bound():
     (dict(kv_b1=2.5), "KV append at decode"),
     (dict(pro_b1=2.7), "Decode prologue within 1.1×"),
     (dict(mla_b1=2.5), "MLA append at or under FlashInfer"),
-    (dict(host=1.31), "Host time per call"),
+    (dict(host=1.31), "Host time per call of plain RoPE"),
+    (dict(host_fused=1.51), "Host time per call of the KV append, the prologue and MLA"),
     (dict(models_pn=14.0), "Models: position encoding + q/k norm per step, HF eager's"),
 ])
 def test_a_row_past_its_bound_is_not_met(override, target):
@@ -120,6 +127,23 @@ def test_a_row_past_its_bound_is_not_met(override, target):
     hit = [k for k in st if k.startswith(target)]
     assert hit and all(st[k] == "not met" for k in hit), st
     assert sum(s == "not met" for s in st.values()) == 1, st
+
+
+def test_every_host_row_of_a_cuprope_call_meets_one_host_target():
+    """host_overhead's rows (built on host tensors): the plain rotation's are
+    held to 1.3× mul_, the KV append's, the prologue's and MLA's to 1.5×,
+    none to both; the rows named in ROW_CASES exist."""
+    pytest.importorskip("torch")
+    sys.path.insert(0, str(ROOT))
+    ho = importlib.import_module("host_overhead")
+    names = [n for n, _ in ho.decode_rows(dev="cpu")]
+    rows = [dict(family="host", impl="cuprope", op=n, ratio=1.0) for n in names[1:]]
+    plain = {n for n, _ in report._host(rows)}
+    fused = {n for n, _ in report._host_fused(rows)}
+    assert not plain & fused
+    assert len(plain) == 3 and [n.split()[0] for n in sorted(fused)] == ["kv"] * 4 + [
+        "prologue"] * 2 + ["rope_append_mla"]
+    assert set(ho.ROW_CASES) <= set(names)
 
 
 def test_a_missing_peer_is_incomplete_not_met_and_no_rows_is_no_data():

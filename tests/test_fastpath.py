@@ -108,6 +108,23 @@ def test_guard_windows_keep_overlapping_pointers_to_the_variant_validated():
     assert not fastpath.fast_call(plans, fw, ("t",), (big2[:32], big2[:32]))
 
 
+def test_entry_variant_is_each_guards_difference_inside_its_open_window():
+    """The compiled variant of several guards: per guard, ptrs[j] - ptrs[i]
+    where lo < difference < hi, else None; no guard gives ()."""
+    guards = ((0, 1, -128, 128), (2, 0, -64, 32), (1, 2, 0, 1))
+    e = fastpath.Entry(guards)
+    rng = np.random.default_rng(3)
+    cases = [[0, 0, 0], [1000, 1127, 1000], [1000, 1128, 1000], [0, -127, 40], [5, 5, 4],
+             [5, 6, 6], [2 ** 47, 2 ** 47 + 64, 2 ** 47 - 31]] + [
+        list(rng.integers(0, 300, 3)) for _ in range(50)]
+    for ptrs in cases:
+        want = tuple(ptrs[j] - ptrs[i] if lo < ptrs[j] - ptrs[i] < hi else None
+                     for i, j, lo, hi in guards)
+        assert e.variant(ptrs) == want, ptrs
+    assert fastpath.Entry(()).variant([7]) == ()
+    assert fastpath.Entry(guards[:1]).variant([0, 127]) == (127,)
+
+
 def test_lookup_misses_on_another_key_or_another_current_device():
     fw = _fw(device=0)
     x = torch.zeros(8)

@@ -10,6 +10,7 @@ exactly the e4m3 bytes of those values (``kvcache_reference.scaled_e4m3``);
 caches and outputs start as random bytes, and every byte the spec does not
 write must survive (padding, out-of-range slots and pages, other rows).
 """
+import threading
 import zlib
 
 import numpy as np
@@ -17,10 +18,10 @@ import pytest
 
 import cuprope
 from conftest import GPU_TESTS
-from torch_helpers import host_bytes, randn
+from torch_helpers import count_calls, host_bytes, randn
 from torch_helpers import sentinel as poison
 from cuprope.kvcache import reference as kref
-from cuprope.mla import rope_append_mla
+from cuprope.mla import api as mla_api, rope_append_mla
 from cuprope.mla.reference import mla_reference
 from hf_configs import CONFIGS as HF
 from oracle import assert_matches
@@ -405,3 +406,111 @@ def training_case(device, dtype="float32"):
 
 def test_mla_training_views_forward_backward():
     training_case("cuda")
+
+
+# ---------------------------------------------------------------- fast path
+
+def _decode_args(seed, dtype, fp8, layout="vllm", addr="slots", t=8, h=16, pages=40, ps=16):
+    """Fresh decode-step arrays: q_pe, k_pe, ckv, positions, the keywords
+    (caches of random bytes, addressing, q_nope into the two slices of one
+    [T, H, 576] output, fp8 scales) and that output."""
+    torch = _torch()
+    g = torch.Generator(device="cuda")
+    g.manual_seed(seed)
+    rng = np.random.default_rng(seed)
+    q_pe, q_nope = randn((t, h, 64), dtype, g), randn((t, h, 512), dtype, g)
+    k_pe, ckv = randn((t, 64), dtype, g), randn((t, 512), dtype, g)
+    pos = torch.from_numpy(rng.integers(0, 2 ** 20, t)).cuda()
+    cdt = "fp8" if fp8 else dtype
+    kw = ({"kv_cache": poison((pages, ps, 576), cdt, g)} if layout == "vllm" else
+          {"ckv_cache": poison((pages, ps, 512), cdt, g),
+           "kpe_cache": poison((pages, ps, 64), cdt, g)})
+    kw.update(addressing(addr, t, pages, ps, rng, torch, "cuda")[0])
+    q_out = poison((t, h, 576), cdt, g)
+    kw.update(q_nope=q_nope, q_nope_out=q_out[..., :512], q_pe_out=q_out[..., 512:])
+    if fp8:
+        kw["q_scale"] = torch.rand((), device="cuda", generator=g) * 0.2 + 0.01
+        kw["kv_scale"] = torch.rand((1,), device="cuda", generator=g) * 0.2 + 0.01
+    return q_pe, k_pe, ckv, pos, kw, q_out
+
+
+CACHES = ("kv_cache", "ckv_cache", "kpe_cache")
+
+
+def _copies(kw, q_out):
+    """(kw, q_out) with the written tensors copied: the caches and q's output."""
+    q2 = q_out.clone()
+    kw2 = {n: (x.clone() if n in CACHES else x) for n, x in kw.items()}
+    kw2.update(q_nope_out=q2[..., :512], q_pe_out=q2[..., 512:])
+    return kw2, q2
+
+
+def _written(kw, q_out):
+    """The bytes of what a call writes: q's output and the caches."""
+    _torch().cuda.synchronize()
+    return [host_bytes(q_out)] + [host_bytes(kw[n]) for n in CACHES if n in kw]
+
+
+def _assert_same_as_fresh(q_pe, k_pe, ckv, pos, kw, q_out, call):
+    """``call()`` (the call on kw, q_out) writes what a fresh config's general
+    path writes on copies of the same state."""
+    ref, q_ref = _copies(kw, q_out)
+    rope_append_mla(q_pe, k_pe, ckv, deepseek_v3(), pos, **ref)
+    assert call() is kw["q_pe_out"]
+    for got, want in zip(_written(kw, q_out), _written(ref, q_ref)):
+        assert np.array_equal(got, want)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+@pytest.mark.parametrize("fp8", [False, True])
+@pytest.mark.parametrize("layout,addr", [("vllm", "slots"), ("flashinfer", "paged")])
+def test_mla_fast_path_equals_the_general_path(dtype, fp8, layout, addr, monkeypatch):
+    """Decode steps with fresh tensors of one signature: the first validates
+    and plans, the others take the fast path; every step writes the bytes a
+    fresh config's general path writes on copies of the same state."""
+    checked = count_calls(monkeypatch, mla_api, "_caches")
+    cfg = deepseek_v3()
+    for step in range(4):
+        q_pe, k_pe, ckv, pos, kw, q_out = _decode_args(90 + step, dtype, fp8, layout, addr)
+        n = len(checked)
+        _assert_same_as_fresh(q_pe, k_pe, ckv, pos, kw, q_out,
+                              lambda: rope_append_mla(q_pe, k_pe, ckv, cfg, pos, **kw))
+        assert len(checked) - n == (1 if step else 2), "the fast path was not taken"
+
+
+def test_mla_fast_path_changes_threads_and_refusals(monkeypatch):
+    """A changed shape, dtype or setting and another thread reach the general
+    path first (with its bytes); a tensor requiring grad and an output
+    overlapping an input raise as before on a warm signature."""
+    torch = _torch()
+    checked = count_calls(monkeypatch, mla_api, "_caches")
+    cfg = deepseek_v3()
+
+    def run(change=None, **make):
+        q_pe, k_pe, ckv, pos, kw, q_out = _decode_args(95, "bfloat16", make.pop("fp8", True),
+                                                       **make)
+        if change:
+            pos, kw = change(pos, kw)
+        n = len(checked)
+        _assert_same_as_fresh(q_pe, k_pe, ckv, pos, kw, q_out,
+                              lambda: rope_append_mla(q_pe, k_pe, ckv, cfg, pos, **kw))
+        return len(checked) - n - 1  # the fresh config's call left out
+
+    assert run() == 1 and run() == 0
+    assert run(t=64) == 1 and run(t=64) == 0                            # tokens
+    assert run(h=128) == 1                                              # heads
+    assert run(fp8=False) == 1                                          # cache dtype
+    assert run(lambda p, kw: (p.to(torch.int32), kw)) == 1              # positions' dtype
+    assert run(lambda p, kw: (p, {**kw, "kv_scale": kw["kv_scale"].reshape(())})) == 1
+    seen = []
+    th = threading.Thread(target=lambda: seen.append(run()))
+    th.start()
+    th.join()
+    assert seen == [1] and run() == 0
+    q_pe, k_pe, ckv, pos, kw, _ = _decode_args(96, "bfloat16", True)
+    with pytest.raises(TypeError, match="training"):
+        rope_append_mla(q_pe, k_pe.clone().requires_grad_(True), ckv, cfg, pos, **kw)
+    # ckv inside the cache: ckv's signature, pointers the general path refuses
+    inside = kw["kv_cache"].view(torch.uint8).view(-1)[:ckv.numel() * 2]
+    with pytest.raises(ValueError, match="overlaps an input"):
+        rope_append_mla(q_pe, k_pe, inside.view(torch.bfloat16).view(ckv.shape), cfg, pos, **kw)

@@ -10,14 +10,16 @@ an exact zero, which that identity rotation may flip (constructed zeros). Plus t
 reference (cuprope.prologue.reference) within a tolerance a wrong kernel
 cannot meet, and CUDA-graph replays with new positions, slots and scales.
 """
+import threading
+
 import numpy as np
 import pytest
 
 import cuprope
 from conftest import GPU_TESTS
-from torch_helpers import gen, host_bytes, randn, sentinel, tdt
+from torch_helpers import count_calls, gen, host_bytes, randn, sentinel, tdt
 from cuprope import kvcache, qknorm
-from cuprope.prologue import qk_norm_rope_append_kv, reference as pref
+from cuprope.prologue import api as papi, qk_norm_rope_append_kv, reference as pref
 
 pytestmark = GPU_TESTS
 
@@ -374,3 +376,94 @@ def test_vllm_fused_qk_norm_rope_drop_in(dtype, is_neox, partial):
     fused_qk_norm_rope(got, *args)
     assert_vllm_equal(got, want, tdt(dtype))
     assert _torch().equal(got[:, 40 * 128:], qkv[:, 40 * 128:])
+
+
+# ---------------------------------------------------------------- fast path
+
+def _fresh_general(q, k, v, cfg, pos, norm, kw, q_out_dtype=None):
+    """The call on copies through a fresh config's general path (nothing
+    registered there: validation and a new plan)."""
+    fresh = cuprope.RopeConfig(cfg.rotary_dim, inv_freq=cfg.inv_freq,
+                               interleaved=cfg.interleaved, scale=cfg.scale, layout=cfg.layout)
+    return fused(q, k, v, fresh, pos, norm, kw, q_out_dtype)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+@pytest.mark.parametrize("fp8", [(), ("cache",), ("q", "cache")])
+@pytest.mark.parametrize("addr,combined", [("slots", False), ("paged", True)])
+def test_fast_path_equals_the_general_path(dtype, fp8, addr, combined, monkeypatch):
+    """Decode steps with fresh tensors of one signature: the first validates
+    and plans, the others take the fast path, and every step writes the
+    bytes a fresh general-path call writes on copies of the same state."""
+    torch = _torch()
+    checked = count_calls(monkeypatch, papi, "QkNormCall")
+    cfg = cfg_thd()
+    qdt = torch.float8_e4m3fn if "q" in fp8 else None
+    for step in range(4):
+        q, k, v, pos, w, kw = make(60 + step, dtype, 8, fp8=fp8, addr=addr, combined=combined)
+        norm = {**w, "eps": 1e-6}
+        want = _fresh_general(q, k, v, cfg, pos, norm, kw, qdt)
+        before = len(checked)
+        got = fused(q, k, v, cfg, pos, norm, kw, qdt)
+        assert len(checked) - before == (0 if step else 1), "the fast path was not taken"
+        assert_same(got, want)
+        assert host_bytes(got[0]).any()
+
+
+def test_fast_path_not_taken_when_arguments_change(monkeypatch):
+    """Each change of a signature or setting reaches the general path (and
+    writes the general path's bytes), then is fast in turn."""
+    torch = _torch()
+    checked = count_calls(monkeypatch, papi, "QkNormCall")
+    cfg = cfg_thd()
+
+    def run(t=8, fp8=(), change=None, norm=None):
+        q, k, v, pos, w, kw = make(70, "bfloat16", t, fp8=fp8)
+        q, k, v, pos, kw = (change or (lambda *a: a))(q, k, v, pos, kw)
+        nm = {**w, "eps": 1e-6, **(norm or {})}
+        want = _fresh_general(q, k, v, cfg, pos, nm, kw)
+        before = len(checked)
+        got = fused(q, k, v, cfg, pos, nm, kw)
+        assert_same(got, want)
+        return len(checked) - before
+
+    assert run() == 1 and run() == 0
+    assert run(t=9) == 1 and run(t=9) == 0                              # tokens
+    assert run(change=lambda q, k, v, p, kw: (q, k, v, p.to(torch.int32), kw)) == 1
+    assert run(change=lambda q, k, v, p, kw: (                          # q's strides
+        q.transpose(0, 1).contiguous().transpose(0, 1), k, v, p, kw)) == 1
+    assert run(fp8=("cache",)) == 1 and run(fp8=("cache",)) == 0        # fp8 cache, scales
+    assert run(norm=dict(eps=1e-5)) == 1 and run(norm=dict(eps=1e-5)) == 0
+    assert run(norm=dict(rounding="cast_then_weight")) == 1
+
+
+def test_fast_path_other_thread_and_grad_take_the_general_path(monkeypatch):
+    """Another thread validates its own first call; a tensor requiring grad
+    raises as before, warm signature or not."""
+    torch = _torch()
+    checked = count_calls(monkeypatch, papi, "QkNormCall")
+    cfg = cfg_thd()
+    q, k, v, pos, w, kw = make(80, "bfloat16", 8, fp8=("cache",))
+    norm = {**w, "eps": 1e-6}
+    for _ in range(2):
+        fused(q, k, v, cfg, pos, norm, kw)
+    assert len(checked) == 1
+    results = []
+
+    def other():
+        results.append(fused(q, k, v, cfg, pos, norm, kw))
+
+    th = threading.Thread(target=other)
+    th.start()
+    th.join()
+    assert len(checked) == 2
+    assert_same(results[0], fused(q, k, v, cfg, pos, norm, kw))
+    assert len(checked) == 2
+    with pytest.raises(TypeError, match="rope_qk_norm"):
+        qk_norm_rope_append_kv(q, k.clone().requires_grad_(True), v, cfg, pos, **norm, **kw)
+    with pytest.raises(RuntimeError, match="leaf"):
+        qk_norm_rope_append_kv(q.clone().requires_grad_(True), k, v, cfg, pos, **norm, **kw)
+    with pytest.raises(ValueError, match="the cache overlaps q, k or v"):
+        flat = kw["k_cache"].view(torch.uint8).view(-1)
+        qk_norm_rope_append_kv(q, flat[:k.numel() * 2].view(torch.bfloat16).view(k.shape), v,
+                               cfg, pos, **norm, **kw)

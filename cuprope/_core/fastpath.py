@@ -12,9 +12,11 @@ the general path, which validates and raises as usual.
 
 One implementation serves every entry point with a fast path: the core
 (``cuprope.rope.api``, ``cuprope.tables``), the fused KV-cache append
-(``cuprope.kvcache``), the cos/sin-cache call (``cuprope.cos_sin_cache``)
-and the fused QK-norm forward and backward (``cuprope.qknorm``; the
-backward's entry replays its kernel and the weight gradients' reductions).
+(``cuprope.kvcache``), the cos/sin-cache call (``cuprope.cos_sin_cache``),
+the fused QK-norm forward and backward (``cuprope.qknorm``; the
+backward's entry replays its kernel and the weight gradients' reductions),
+the decode prologue (``cuprope.prologue``) and DeepSeek MLA's append
+(``cuprope.mla``).
 The entries live in the owner's ``cuprope.config.LaunchCache.fast``:
 
 * ``ticket(fw, header, arrays, pairs)``: the cache key (``header`` + each
@@ -24,6 +26,8 @@ The entries live in the owner's ``cuprope.config.LaunchCache.fast``:
   ``device`` and ``align``, such as the QK-norm backward's launches) under
   the key;
 * ``lookup(fast, key, ptrs, current_device)``: the plan, or None;
+* ``registered(fast, ticket)``: the plan a validated general-path call
+  reuses (any current device), or None;
 * ``fast_call(fast, fw, header, arrays)``: ``plan.run(stream, *ptrs)`` of the
   registered plan (its per-call words index the arrays' pointers).
 
@@ -91,21 +95,18 @@ class Entry:
     """The launches registered under one key: ``guards`` (i, j, lo, hi), the
     windows of ptrs[j] - ptrs[i] where arrays i and j may overlap;
     ``variants`` maps the differences inside their windows (None outside) to
-    a launch."""
+    a launch; ``variant(ptrs)`` gives those differences (a function compiled
+    from the guards' integers: one expression per guard, no loop)."""
 
-    __slots__ = ("guards", "variants")
+    __slots__ = ("guards", "variants", "variant")
 
     def __init__(self, guards):
         self.guards, self.variants = guards, {}
-
-    def variant(self, ptrs):
-        g = self.guards
-        if len(g) == 1:  # the common case (q and k in place, query and key)
-            i, j, lo, hi = g[0]
-            d = ptrs[j] - ptrs[i]
-            return (d if lo < d < hi else None,)
-        return tuple([d if lo < d < hi else None
-                      for i, j, lo, hi in g for d in (ptrs[j] - ptrs[i],)])
+        terms = "".join(f"(d if {int(lo)} < (d := p[{int(j)}] - p[{int(i)}]) < {int(hi)} "
+                        f"else None), " for i, j, lo, hi in guards)
+        ns: dict = {}
+        exec(f"def variant(p):\n    return ({terms})\n", ns)  # noqa: S102 - integers only
+        self.variant = ns["variant"]
 
 
 def ticket(fw, header, arrays, pairs=()):
@@ -139,6 +140,18 @@ def remember(plans, tkt, spans, payload):
     entry.variants[entry.variant(ptrs)] = payload
 
 
+def registered(plans, tkt):
+    """The launch registered under the ticket's key and pointer differences
+    (whichever device is current), or None (also for a None ticket): a
+    general-path call that has validated its arrays reuses it."""
+    if tkt is None:
+        return None
+    entry = plans.get(tkt[0])
+    if entry is None:
+        return None
+    return entry.variants.get(entry.variant(tkt[1]) if entry.guards else ())
+
+
 def lookup(plans, key, ptrs, current_device):
     """The launch registered for this key and these pointers, or None (also
     when another device is current)."""
@@ -154,16 +167,24 @@ def lookup(plans, key, ptrs, current_device):
 def fast_call(plans, fw, header, arrays):
     """Run the Plan registered for ``arrays`` (its per-call words taken from
     their pointers) and return True, or return False: the general path must
-    run. ``fw``: adapter_of(arrays[0])."""
-    if not plans:
+    run. ``fw``: adapter_of(arrays[0]). (ticket and lookup, inline: this is
+    every fast call's host time.)"""
+    if not plans or fw is None:
         return False
-    tkt = ticket(fw, header, arrays)
-    if tkt is None:
+    key, ptrs = list(header), []
+    try:
+        fw[0](arrays, key, ptrs)
+        entry = plans.get(tuple(key))
+    except NoFastPath:
         return False
-    hit = lookup(plans, tkt[0], tkt[1], fw[4])
-    if hit is None:
+    except TypeError:  # an unhashable setting: the general path says what is wrong
         return False
-    hit.run(fw[3](hit.device), *tkt[1])
+    if entry is None:
+        return False
+    hit = entry.variants.get(entry.variant(ptrs) if entry.guards else ())
+    if hit is None or fw[4]() != hit.device:
+        return False
+    hit.run(fw[3](hit.device), *ptrs)
     return True
 
 

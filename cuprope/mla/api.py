@@ -67,10 +67,10 @@ from __future__ import annotations
 import numpy as np
 
 from ..kvcache import reference as kref
-from .._core import engine, launcher, validate
+from .._core import engine, fastpath, launcher, validate
 from .._core.arrays import describe, overlaps
 from .._core.loader import KV_FP8_CACHE, KV_FP8_Q
-from ..config import LaunchCache, RopeConfig
+from ..config import RopeConfig
 from ..kvcache.arrays import index_info, np_view, to_host
 from ..kvcache.caches import (addressing, addressing_fields, check_scales, refuse_jax,
                               scale_info)
@@ -160,14 +160,19 @@ def rope_append_mla(q_pe, k_pe, ckv, config, positions, *, kv_cache=None, ckv_ca
     differentiable. With grad mode on, any tensor argument requiring grad is
     a TypeError naming the training path (a leaf written in place, q_pe or a
     cache: RuntimeError, as torch's in-place ops); under ``torch.compile`` the
-    call is a graph break. Under ``torch.no_grad()`` nothing changes."""
+    call is a graph break. Under ``torch.no_grad()`` nothing changes.
+
+    A repeated call (check=False, no stream=) whose arrays match a previous
+    validated call's in dtype, shape, strides, device and alignment reuses
+    its launch (cuprope/_core/fastpath.py)."""
     args = (q_pe, k_pe, ckv, config, positions, kv_cache, ckv_cache, kpe_cache, slot_mapping,
             kv_indices, kv_indptr, batch_indices, cache_positions, kv_last_page_len, q_nope,
             q_nope_out, q_pe_out, q_scale, kv_scale, check, stream)
-    written = (q_pe if q_pe_out is None else q_pe_out, q_nope_out, kv_cache, ckv_cache,
-               kpe_cache)
-    if engaged_any(q_pe, k_pe, ckv, q_nope, q_scale, kv_scale, *written):
+    if engaged_any(q_pe, k_pe, ckv, q_nope, q_scale, kv_scale, q_pe_out, q_nope_out, kv_cache,
+                   ckv_cache, kpe_cache):
         from ..torch_route import inference_op
+        written = (q_pe if q_pe_out is None else q_pe_out, q_nope_out, kv_cache, ckv_cache,
+                   kpe_cache)
         return inference_op("rope_append_mla", (q_pe, k_pe, ckv, q_nope, q_scale, kv_scale),
                             tuple(t for t in written if t is not None),
                             lambda: _append(*args), TRAINING)
@@ -185,6 +190,13 @@ def _append(q_pe, k_pe, ckv, config, positions, kv_cache, ckv_cache, kpe_cache, 
             q_nope_out, q_pe_out, q_scale, kv_scale, check, stream):
     if not isinstance(config, RopeConfig):
         raise TypeError(f"config must be a cuprope.RopeConfig, got {type(config).__name__}")
+    arrays = (q_pe, k_pe, ckv, positions, kv_cache, ckv_cache, kpe_cache, slot_mapping, kv_indices,
+              kv_indptr, batch_indices, cache_positions, kv_last_page_len, q_nope, q_nope_out,
+              q_pe_out, q_scale, kv_scale)
+    header = ("mla", fastpath.get_ident())
+    if not check and stream is None and fastpath.fast_call(
+            config._launches.fast, fastpath.adapter_of(q_pe), header, arrays):
+        return q_pe if q_pe_out is None else q_pe_out
     if config.per_head or config.stream_map is not None:
         raise ValueError("rope_append_mla takes a shared frequency table (no per-head table, no "
                          "stream map)")
@@ -245,30 +257,58 @@ def _append(q_pe, k_pe, ckv, config, positions, kv_cache, ckv_cache, kpe_cache, 
         check_scales({"q_scale": qs, "kv_scale": ks})
     if t == 0:
         return qoi.obj
-    arrays = dict(q=qi, k=ki, ckv=ci, q_nope=qni, q_nope_out=qnoi, q_out=qoi, pos=pos,
-                  cache=(cinfos, cloc, kloc, pages, page_size), addr=addr, q_scale=qs,
-                  kv_scale=ks)
+    a = dict(q=qi, k=ki, ckv=ci, q_nope=qni, q_nope_out=qnoi, q_out=qoi, pos=pos,
+             cache=(cinfos, cloc, kloc, pages, page_size), addr=addr, q_scale=qs, kv_scale=ks)
     if dev < 0:
-        _host_append(config, arrays)
+        _host_append(config, a)
         return qoi.obj
+    one = len(cinfos) == 1
+    by_index = (qi, ki, ci, pos, cinfos[0] if one else None, None if one else cinfos[0],
+                None if one else cinfos[1], *(addr.get(n) for n in _ADDR), qni, qnoi,
+                None if q_pe_out is None else qoi, qs, ks)
+    ptrs = [0 if i is None else i.ptr for i in by_index]
+    # The launch registered for these signatures (an earlier call validated
+    # and planned it), else a new one, registered once it has launched.
+    tkt = fastpath.ticket(fastpath.fast_adapter(qi.kind), header, arrays, _PAIRS)
+    plan = fastpath.registered(config._launches.fast, tkt)
+    fresh = plan is None
+    if fresh:
+        plan = launcher.plan(_spec(config, a, _calls(by_index, kloc[0] - cinfos[-1].ptr)), dev)
     stream_ptr = engine.stream_handle(stream, qi)
-    launcher.on_device(dev, _plan(_spec(config, arrays), dev).run, stream_ptr)
+    launcher.on_device(dev, plan.run, stream_ptr, *ptrs)
+    if fresh:
+        fastpath.remember(config._launches.fast, tkt, [fastpath.span(i) for i in by_index], plan)
     return engine.hand_back([qi], [qoi], stream_ptr)[0]
 
 
-# Plans by (device, kernel, geometry, packed words): every pointer is packed
-# in, so a call repeating an earlier one's arrays (a decode loop over fixed
-# buffers) reuses its plan (no per-call words are written: a plan may be
-# shared). Cleared when it grows past _MAX_PLANS.
-_PLANS = LaunchCache()
-_MAX_PLANS = 256
+# Indices into _append's ``arrays`` (the fast-path key's order and the
+# values Plan.run takes: their pointers).
+(_QPE, _KPE, _CKV, _POS, _KVC, _CKVC, _KPEC, _SLOT, _IDX, _IPTR, _BI, _CP, _LAST, _QN, _QNO, _QPO,
+ _QS, _KVS) = range(18)
+_ADDR = ("slot_mapping", "kv_indices", "kv_indptr", "batch_indices", "cache_positions",
+         "kv_last_page_len")
+# The pairs the general path checks for overlap: every output (q_pe_out,
+# q_nope_out, the caches) against every input (q_pe, k_pe, ckv, q_nope).
+_PAIRS = tuple((i, o) for o in (_QPO, _QNO, _KVC, _CKVC, _KPEC) for i in (_QPE, _KPE, _CKV, _QN))
+# The per-call words: (field, index into ``arrays``) of the pointers the
+# launch reads when that array is given.
+_CALLS = (("in_ptr0", _QPE), ("in_ptr1", _KPE), ("pos_ptr", _POS), ("v_ptr", _CKV),
+          ("slot_ptr", _SLOT), ("indices_ptr", _IDX), ("indptr_ptr", _IPTR), ("batch_ptr", _BI),
+          ("cpos_ptr", _CP), ("q_scale", _QS), ("k_scale", _KVS), ("qn_ptr", _QN),
+          ("qno_ptr", _QNO))
 
 
-def _plan(spec, device):
-    key = (device, spec.kernel, spec.grid, spec.smem, b"".join(bytes(b) for _, b in spec.params))
-    if key not in _PLANS.plans and len(_PLANS.plans) >= _MAX_PLANS:
-        _PLANS.clear()
-    return launcher.cached_plan(_PLANS, key, lambda: spec, device)
+def _calls(by_index, kpe_offset):
+    """LaunchSpec.calls of a call whose arrays' infos are ``by_index`` (None
+    where absent): ``kpe_offset`` bytes from the (one) cache's pointer to
+    its k_pe part."""
+    calls = [(f, i, 0) for f, i in _CALLS if by_index[i] is not None]
+    calls.append(("out_ptr0", _QPE if by_index[_QPO] is None else _QPO, 0))
+    if by_index[_KVC] is not None:  # vLLM's [pages, page_size, Dc + R]: k_pe after ckv
+        calls += [("v_cache", _KVC, 0), ("k_cache", _KVC, kpe_offset)]
+    else:
+        calls += [("v_cache", _CKVC, 0), ("k_cache", _KPEC, 0)]
+    return calls
 
 
 def _host_append(config, a):
@@ -309,8 +349,9 @@ def _host_append(config, a):
         views[1][page[valid], row[valid]] = enc[:, dc:]
 
 
-def _spec(config, a):
-    """The call's launcher.LaunchSpec (every pointer packed in: a plan per call)."""
+def _spec(config, a, calls=()):
+    """The call's launcher.LaunchSpec; ``calls`` the words Plan.run writes
+    per call (LaunchSpec.calls)."""
     qi, ki, ci, qni, qnoi, qoi = (a[n] for n in ("q", "k", "ckv", "q_nope", "q_nope_out", "q_out"))
     cinfos, cloc, kloc, pages, page_size = a["cache"]
     t, h, r = qi.shape
@@ -348,4 +389,4 @@ def _spec(config, a):
         mla.update(qn_ptr=qni.ptr, qn_st=qni.strides[0], qn_sh=qni.strides[1], qno_ptr=qnoi.ptr,
                    qno_st=qnoi.strides[0], qno_sh=qnoi.strides[1], nope_dim=qni.shape[2])
     return mla_spec(qi.device, dtype=qi.dtype, interleaved=config.interleaved, vec=vec, fp8=fp8,
-                    rope=rope, kv=kv, mla=mla)
+                    rope=rope, kv=kv, mla=mla, calls=calls)

@@ -36,15 +36,13 @@ needs donated buffers.
 """
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 
 from ..kvcache import caches
 from ..kvcache import reference as kref
 from ..kvcache.api import cache_fields
 from .. import reference as rref
-from .._core import engine, launcher, validate
+from .._core import engine, fastpath, launcher, validate
 from .._core.arrays import describe, overlaps
 from .._core.loader import KV_FP8_CACHE, KV_FP8_Q, vec_widths
 from ..config import RopeConfig
@@ -75,15 +73,20 @@ def qk_norm_rope_append_kv(q, k, v, config, positions, *, q_weight=None, k_weigh
     ``cuprope.torch.rope_qk_norm`` for training (a leaf written in place:
     RuntimeError, as torch's in-place ops); under ``torch.compile`` the call
     is a graph break (``cuprope.prologue.torch`` has the custom op). Under
-    ``torch.no_grad()`` nothing changes."""
+    ``torch.no_grad()`` nothing changes.
+
+    A repeated call (check=False, no stream=) whose arrays match a previous
+    validated call's in dtype, shape, strides, device and alignment, with
+    the same settings, reuses its launch (cuprope/_core/fastpath.py)."""
     args = (q, k, v, config, positions, q_weight, k_weight, eps, norm, weight_offset, order,
             norm_over, rounding, k_cache, v_cache, kv_cache, kv_layout, slot_mapping, kv_indices,
             kv_indptr, batch_indices, cache_positions, kv_last_page_len, q_out, q_scale, k_scale,
             v_scale, check, stream)
-    read, written = grad_tensors(q, k, v, q_weight, k_weight, q_scale, k_scale, v_scale, q_out,
-                                 k_cache, v_cache, kv_cache)
-    if engaged_any(*read, *written):
+    if engaged_any(q, k, v, q_weight, k_weight, q_scale, k_scale, v_scale, q_out, k_cache,
+                   v_cache, kv_cache):
         from ..torch_route import inference_op
+        read, written = grad_tensors(q, k, v, q_weight, k_weight, q_scale, k_scale, v_scale,
+                                     q_out, k_cache, v_cache, kv_cache)
         return inference_op("qk_norm_rope_append_kv", read, written, lambda: _prologue(*args),
                             TRAINING)
     return _prologue(*args)
@@ -109,6 +112,14 @@ def _prologue(q, k, v, config, positions, q_weight, k_weight, eps, norm, weight_
               v_scale, check, stream):
     if not isinstance(config, RopeConfig):
         raise TypeError(f"config must be a cuprope.RopeConfig, got {type(config).__name__}")
+    arrays = (q, k, v, positions, q_weight, k_weight, k_cache, v_cache, kv_cache, slot_mapping,
+              kv_indices, kv_indptr, batch_indices, cache_positions, kv_last_page_len, q_out,
+              q_scale, k_scale, v_scale)
+    header = ("pro", fastpath.get_ident(), kv_layout, type(eps), eps, norm, type(weight_offset),
+              weight_offset, order, norm_over, rounding)
+    if not check and stream is None and fastpath.fast_call(
+            config._launches.fast, fastpath.adapter_of(q), header, arrays):
+        return q if q_out is None else q_out
     if positions is None:
         raise ValueError("positions are required (the tokens' positions in their sequences)")
     caches.refuse_jax("qk_norm_rope_append_kv", q, k, v, k_cache, v_cache, kv_cache, q_out)
@@ -154,34 +165,66 @@ def _prologue(q, k, v, config, positions, q_weight, k_weight, eps, norm, weight_
     if dev < 0:
         _host(call, qi, ki, vi, qo, kc, vc, kv_layout, pages, page_size, addr, scales)
         return qo.obj
-    kv = cache_fields(vi, gv[4], kloc, vloc, pages, page_size, addr, scales)
-    fp8 = (KV_FP8_Q if scales["q"] is not None else 0) | (KV_FP8_CACHE if fp8_cache else 0)
-    packs = _packs(call, qi, ki, vi, qo, gv, kloc, vloc, fp8_cache, dev)
-    inv_freq, smap = config.device_tables(dev)
-    sp = launch.spec(call, qi, qo, ki, dev, kv=kv, fp8=fp8, packs=packs, tokens=t,
-                     inv_freq_ptr=inv_freq.data.ptr,
-                     stream_map_ptr=0 if smap is None else smap.data.ptr)
+    by_index = (qi, ki, vi, call.pos_info, *call.winfos, None if vc is None else kc, vc,
+                kc if vc is None else None, *(addr.get(n) for n in _ADDR),
+                None if q_out is None else qo, scales["q"], scales["k"], scales["v"])
+    ptrs = [0 if i is None else i.ptr for i in by_index]
+    # The launch registered for these signatures (an earlier call validated
+    # and planned it), else a new one, registered once it has launched.
+    tkt = fastpath.ticket(fastpath.fast_adapter(qi.kind), header, arrays, _PAIRS)
+    plan = fastpath.registered(config._launches.fast, tkt)
+    fresh = plan is None
+    if fresh:
+        plan = launcher.plan(_spec(call, qi, ki, vi, qo, gv, (kc, vc, kloc, vloc, pages,
+                                                              page_size), addr, scales, by_index),
+                             dev)
     stream_ptr = engine.stream_handle(stream, qi)
-    launcher.on_device(dev, _plan(sp, dev).run, stream_ptr)
+    launcher.on_device(dev, plan.run, stream_ptr, *ptrs)
+    if fresh:
+        fastpath.remember(config._launches.fast, tkt, [fastpath.span(i) for i in by_index], plan)
     return engine.hand_back([qi], [qo], stream_ptr)[0]
 
 
-_PLANS: dict = {}  # (thread, device, the spec's kernel, grid and words) -> launcher.Plan
-_MAX_PLANS = 256
+# Indices into _prologue's ``arrays`` (the fast-path key's order and the
+# values Plan.run takes: their pointers).
+(_Q, _K, _V, _POS, _QW, _KW, _KC, _VC, _KV, _SLOT, _IDX, _IPTR, _BI, _CP, _LAST, _QO, _QS, _KS,
+ _VS) = range(19)
+_ADDR = ("slot_mapping", "kv_indices", "kv_indptr", "batch_indices", "cache_positions",
+         "kv_last_page_len")
+# The pairs the general path checks for overlap: the caches against q, k, v
+# and the weights; q's output (q itself when in place) against the weights;
+# q_out against q, k, v and the caches.
+_PAIRS = (tuple((x, c) for c in (_KC, _VC, _KV) for x in (_Q, _K, _V, _QW, _KW))
+          + tuple((w, o) for o in (_Q, _QO) for w in (_QW, _KW))
+          + tuple((x, _QO) for x in (_Q, _K, _V, _KC, _VC, _KV)))
+# The per-call words: (field, index into ``arrays``) of the pointers the
+# launch reads when that array is given.
+_CALLS = (("in_ptr0", _Q), ("in_ptr1", _K), ("pos_ptr", _POS), ("w_ptr0", _QW),
+          ("w_ptr1", _KW), ("v_ptr", _V), ("slot_ptr", _SLOT), ("indices_ptr", _IDX),
+          ("indptr_ptr", _IPTR), ("batch_ptr", _BI), ("cpos_ptr", _CP), ("q_scale", _QS),
+          ("k_scale", _KS), ("v_scale", _VS))
 
 
-def _plan(sp, dev):
-    """The Plan of a spec, kept per thread and exact argument words, so that a
-    repeated call (a decode step, a warm-up before a CUDA-graph capture)
-    launches through the driver with nothing allocated."""
-    key = (threading.get_ident(), dev, sp.kernel, sp.grid, sp.smem,
-           b"".join(bytes(raw) for _, raw in sp.params))
-    p = _PLANS.get(key)
-    if p is None:
-        if len(_PLANS) >= _MAX_PLANS:
-            _PLANS.clear()
-        p = _PLANS[key] = launcher.plan(sp, dev)
-    return p
+def _spec(call, qi, ki, vi, qo, gv, cache, addr, scales, by_index):
+    """The call's launcher.LaunchSpec, whose per-call words Plan.run fills
+    from the pointers of ``arrays`` (``by_index``: their infos, None where
+    absent)."""
+    kc, vc, kloc, vloc, pages, page_size = cache
+    dev = qi.device
+    kv = cache_fields(vi, gv[4], kloc, vloc, pages, page_size, addr, scales)
+    fp8 = (KV_FP8_Q if scales["q"] is not None else 0) | (
+        KV_FP8_CACHE if caches.is_fp8(kc) else 0)
+    packs = _packs(call, qi, ki, vi, qo, gv, kloc, vloc, caches.is_fp8(kc), dev)
+    inv_freq, smap = call.config.device_tables(dev)
+    calls = [(f, i, 0) for f, i in _CALLS if by_index[i] is not None]
+    calls.append(("out_ptr0", _Q if by_index[_QO] is None else _QO, 0))
+    if vc is None:  # one kv_cache: k at index 0, v at index 1 of its second dim
+        calls += [("k_cache", _KV, 0), ("v_cache", _KV, vloc[0] - kloc[0])]
+    else:
+        calls += [("k_cache", _KC, 0), ("v_cache", _VC, 0)]
+    return launch.spec(call, qi, qo, ki, dev, kv=kv, fp8=fp8, packs=packs, tokens=call.b * call.s,
+                       inv_freq_ptr=inv_freq.data.ptr,
+                       stream_map_ptr=0 if smap is None else smap.data.ptr, calls=calls)
 
 
 def _maybe(x, name):
