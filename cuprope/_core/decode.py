@@ -68,17 +68,17 @@ def geometry(sms, chunks, htot, tokens):
 
 
 def spec(sms, *, dtype, interleaved, vec, src, rope_args, kv, calls, htot, chunks,
-         tokens) -> LaunchSpec | None:
+         tokens, pdl=False) -> LaunchSpec | None:
     """The decode rows' LaunchSpec (None where the grid cannot hold the
     heads): ``rope_args`` a packed RopeArgs (its head groups and tiling are
     not read), ``kv`` KvArgs fields by name (the table: cs_ptr, cs_st,
-    cs_rows), ``calls`` as LaunchSpec's."""
+    cs_rows), ``calls`` and ``pdl`` as LaunchSpec's."""
     grid, block = geometry(sms, chunks, htot, tokens)
     if grid[1] > MAX_GRID_Y:
         return None
     return LaunchSpec(decode_kernel_name(dtype, interleaved, src), FAMILY, grid, block, 0,
                       [(ROPE_ARGS, rope_args), (KV_ARGS, KV_ARGS.pack(**kv))], calls, vec=vec,
-                      align=vec * ITEMSIZE[dtype])
+                      align=vec * ITEMSIZE[dtype], pdl=pdl)
 
 
 def table_rows(config) -> int:

@@ -46,11 +46,12 @@ def rows_per_warp(device, tokens, heads) -> int:
     return max(1, min(rows, -(-tokens * rows // want)))
 
 
-def mla_spec(device, *, dtype, interleaved, vec, fp8, rope, kv, mla):
+def mla_spec(device, *, dtype, interleaved, vec, fp8, rope, kv, mla, pdl=False):
     """One ``mla_rope_kernel`` launch on ``device``: ``rope``, ``kv``,
     ``mla`` are the three structs' fields by name (``rope`` needs heads =
     (H, 1), n_seq = T, rot_dim; head_groups and heads_per_group are set
-    here). Its plan allocates nothing on the device (CUDA-graph safe)."""
+    here); ``pdl`` a programmatic dependent launch. Its plan allocates
+    nothing on the device (CUDA-graph safe)."""
     tokens, heads = rope["n_seq"], rope["heads"][0]
     per = rows_per_warp(device, tokens, heads)
     groups = -(-(heads + 1) // per)
@@ -61,4 +62,4 @@ def mla_spec(device, *, dtype, interleaved, vec, fp8, rope, kv, mla):
     return launcher.LaunchSpec(mla_kernel_name(dtype, interleaved, vec, fp8), MLA_FAMILY, grid,
                                (THREADS, 1, 1), smem,
                                [(ROPE_ARGS, ra), (KV_ARGS, KV_ARGS.pack(**kv)),
-                                (MLA_ARGS, MLA_ARGS.pack(**mla))], vec=vec)
+                                (MLA_ARGS, MLA_ARGS.pack(**mla))], vec=vec, pdl=pdl)
