@@ -33,6 +33,18 @@ and beside an infinity NaN; this launch stores the values as they are.)
 q is written in place unless ``q_out`` is given; k and v are only read.
 Returns q_out (or q). JAX arrays are not offered (TypeError): a cache write
 needs donated buffers.
+
+``enable_pdl=True`` (CUDA, compute capability 9.0+): a programmatic
+dependent launch, as serving engines launch it under CUDA graphs. The kernel
+may start while the stream's previous kernel (the QKV GEMM) still runs: it
+may read the weights, scales, positions and addressing before it waits for
+that kernel (it reads the norm weights and q_scale there), and loads q, k
+and v and stores only after. So the weights, the scales, positions and the
+addressing must be complete when the previous kernel starts; q, k and v may
+be written by it.
+Opt-in: cuprope cannot know who wrote those arrays, so no automatic rule is
+safe. Same bits; ValueError on a GPU before sm_90, RuntimeError with a
+driver before CUDA 12; no effect on the NumPy backend.
 """
 from __future__ import annotations
 
@@ -64,10 +76,10 @@ def qk_norm_rope_append_kv(q, k, v, config, positions, *, q_weight=None, k_weigh
                            kv_cache=None, kv_layout="NHD", slot_mapping=None, kv_indices=None,
                            kv_indptr=None, batch_indices=None, cache_positions=None,
                            kv_last_page_len=None, q_out=None, q_scale=None, k_scale=None,
-                           v_scale=None, check=False, stream=None):
+                           v_scale=None, check=False, stream=None, enable_pdl=False):
     """Norm and rotate q and k, store q (into ``q_out``, else in place) and
     write k and v into the cache rows the addressing names, in one launch
-    (module docstring). Returns q_out (or q).
+    (module docstring, also for ``enable_pdl``). Returns q_out (or q).
 
     Torch tensors (``cuprope.torch_guard``): an inference op, not
     differentiable. With grad mode on, any tensor argument requiring grad (q,
@@ -79,7 +91,7 @@ def qk_norm_rope_append_kv(q, k, v, config, positions, *, q_weight=None, k_weigh
     args = (q, k, v, config, positions, q_weight, k_weight, eps, norm, weight_offset, order,
             norm_over, rounding, k_cache, v_cache, kv_cache, kv_layout, slot_mapping, kv_indices,
             kv_indptr, batch_indices, cache_positions, kv_last_page_len, q_out, q_scale, k_scale,
-            v_scale, check, stream)
+            v_scale, check, stream, enable_pdl)
     read, written = grad_tensors(q, k, v, q_weight, k_weight, q_scale, k_scale, v_scale, q_out,
                                  k_cache, v_cache, kv_cache)
     if engaged_any(*read, *written):
@@ -106,9 +118,10 @@ def grad_tensors(q, k, v, q_weight, k_weight, q_scale, k_scale, v_scale, q_out, 
 def _prologue(q, k, v, config, positions, q_weight, k_weight, eps, norm, weight_offset, order,
               norm_over, rounding, k_cache, v_cache, kv_cache, kv_layout, slot_mapping, kv_indices,
               kv_indptr, batch_indices, cache_positions, kv_last_page_len, q_out, q_scale, k_scale,
-              v_scale, check, stream):
+              v_scale, check, stream, enable_pdl=False):
     if not isinstance(config, RopeConfig):
         raise TypeError(f"config must be a cuprope.RopeConfig, got {type(config).__name__}")
+    enable_pdl = validate.check_flag(enable_pdl, "enable_pdl")
     if positions is None:
         raise ValueError("positions are required (the tokens' positions in their sequences)")
     caches.refuse_jax("qk_norm_rope_append_kv", q, k, v, k_cache, v_cache, kv_cache, q_out)
@@ -160,7 +173,7 @@ def _prologue(q, k, v, config, positions, q_weight, k_weight, eps, norm, weight_
     inv_freq, smap = config.device_tables(dev)
     sp = launch.spec(call, qi, qo, ki, dev, kv=kv, fp8=fp8, packs=packs, tokens=t,
                      inv_freq_ptr=inv_freq.data.ptr,
-                     stream_map_ptr=0 if smap is None else smap.data.ptr)
+                     stream_map_ptr=0 if smap is None else smap.data.ptr, pdl=enable_pdl)
     stream_ptr = engine.stream_handle(stream, qi)
     launcher.on_device(dev, _plan(sp, dev).run, stream_ptr)
     return engine.hand_back([qi], [qo], stream_ptr)[0]
@@ -174,7 +187,7 @@ def _plan(sp, dev):
     """The Plan of a spec, kept per thread and exact argument words, so that a
     repeated call (a decode step, a warm-up before a CUDA-graph capture)
     launches through the driver with nothing allocated."""
-    key = (threading.get_ident(), dev, sp.kernel, sp.grid, sp.smem,
+    key = (threading.get_ident(), dev, sp.kernel, sp.grid, sp.smem, sp.pdl,
            b"".join(bytes(raw) for _, raw in sp.params))
     p = _PLANS.get(key)
     if p is None:
