@@ -26,6 +26,7 @@ K = 256          # the matmul's inner dim: entries in {-1, 0, 1} x {-1/8, 0, 1/8
 PAGES, PS = 64, 16
 MLA_H, NOPE, RD, DC = 16, 512, 64, 512
 DTYPES = ["bfloat16", "float16", "float32"]
+DEVICE = "cuda"
 
 
 def _torch():
@@ -85,8 +86,8 @@ class Case:
 def _base(g, dtype, t, n, rng):
     torch = _torch()
     return {"x": _ints((t, K), dtype, g), "w": _ints((K, n), dtype, g, 0.125),
-            "qkv": torch.empty((t, n), dtype=tdt(dtype), device="cuda"),
-            "pos": torch.from_numpy(rng.integers(0, 30000, t)).cuda()}
+            "qkv": torch.empty((t, n), dtype=tdt(dtype), device=DEVICE),
+            "pos": torch.from_numpy(rng.integers(0, 30000, t)).to(DEVICE)}
 
 
 def _qkv_views(s, t):
@@ -96,12 +97,12 @@ def _qkv_views(s, t):
 
 
 def _slots(rng, t):
-    return _torch().from_numpy(rng.permutation(PAGES * PS)[:t].astype(np.int64)).cuda()
+    return _torch().from_numpy(rng.permutation(PAGES * PS)[:t].astype(np.int64)).to(DEVICE)
 
 
 def case(name, dtype, t, seed=0):
     torch = _torch()
-    g, rng = gen(seed + t), np.random.default_rng(seed + t)
+    g, rng = gen(seed + t, DEVICE), np.random.default_rng(seed + t)
     n = (HQ + 2 * HK) * D
     if name in ("rope_qk_forward", "rope_forward", "rotary_embedding"):
         s = _base(g, dtype, t, n, rng)
@@ -134,8 +135,8 @@ def case(name, dtype, t, seed=0):
         s["kv"] = sentinel((PAGES, 2, PS, HK, D), cdt, g)
         scales = {}
         if fp8:
-            s["ks"] = torch.tensor(0.07, device="cuda")
-            s["vs"] = torch.tensor([0.11], device="cuda")
+            s["ks"] = torch.tensor(0.07, device=DEVICE)
+            s["vs"] = torch.tensor([0.11], device=DEVICE)
         cfg = _thd()
         if name.startswith("rope_append_kv"):
             from cuprope import kvcache
@@ -168,7 +169,7 @@ def case(name, dtype, t, seed=0):
         s["cache"] = sentinel((PAGES, PS, DC + RD), cdt, g)
         s["q_out"] = sentinel((t, MLA_H, NOPE + RD), cdt, g)
         if fp8:
-            s["qs"], s["cs"] = torch.tensor(0.05, device="cuda"), torch.tensor(0.03, device="cuda")
+            s["qs"], s["cs"] = (torch.tensor(v, device=DEVICE) for v in (0.05, 0.03))
         cfg = cuprope.RopeConfig(RD, interleaved=True, layout="thd")
 
         def op(s, pdl):
@@ -224,7 +225,7 @@ def test_graph_of_a_matmul_then_the_op_replays_the_unfused_eager_bits(name, dtyp
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         c.step(c.state, True)
-    rng, g = np.random.default_rng(11), gen(13)
+    rng, g = np.random.default_rng(11), gen(13, DEVICE)
     for it in range(4):
         c.renew(rng, g)
         want = c.copy()
