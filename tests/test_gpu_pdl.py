@@ -23,7 +23,7 @@ pytestmark = GPU_TESTS
 
 HQ, HK, D = 32, 8, 128
 K = 256          # the matmul's inner dim: entries in {-1, 0, 1} x {-1/8, 0, 1/8} sum exactly
-PAGES, PS = 64, 16
+PAGES, PS = 128, 16     # 2048 cache rows: one per token up to 1500 tokens
 MLA_H, NOPE, RD, DC = 16, 512, 64, 512
 DTYPES = ["bfloat16", "float16", "float32"]
 DEVICE = "cuda"
@@ -76,7 +76,7 @@ class Case:
         s = self.state
         s["x"].copy_(_ints(s["x"].shape, str(s["x"].dtype).replace("torch.", ""), g))
         t = s["pos"].shape[0]
-        s["pos"].copy_(torch.from_numpy(rng.integers(0, 30000, t)))
+        s["pos"].copy_(torch.from_numpy(rng.integers(1, 30000, t)))
         if "slots" in s:
             sl = rng.permutation(PAGES * PS)[:t]
             sl[rng.integers(0, t)] = -1                 # a padding token writes no cache row
@@ -87,7 +87,7 @@ def _base(g, dtype, t, n, rng):
     torch = _torch()
     return {"x": _ints((t, K), dtype, g), "w": _ints((K, n), dtype, g, 0.125),
             "qkv": torch.empty((t, n), dtype=tdt(dtype), device=DEVICE),
-            "pos": torch.from_numpy(rng.integers(0, 30000, t)).to(DEVICE)}
+            "pos": torch.from_numpy(rng.integers(1, 30000, t)).to(DEVICE)}
 
 
 def _qkv_views(s, t):
