@@ -142,7 +142,6 @@ class Driver:
                 ctypes.c_void_p(0), pvoid, None]
         return Bound(self._fn, args, None, 8, (params, keep))
 
-
     def _lib(self):
         if self._ok is None:
             self._load()

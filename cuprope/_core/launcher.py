@@ -179,6 +179,8 @@ class Plan:
         b = self.bound
         if b is None:
             ptr = self._func_ptr()
+            b = DRIVER.bind(ptr, self.grid, self.block, self.smem, self._addrs, self._raw,
+                            pdl=True)
             arch = DRIVER.ptx_version(ptr)
             if arch < 90:
                 built = (f"this kernel was built for compute_{arch}" if arch else
@@ -186,8 +188,6 @@ class Plan:
                 raise ValueError(f"enable_pdl needs a GPU of compute capability 9.0 or newer "
                                  f"(programmatic dependent launch); {built}: call without "
                                  f"enable_pdl")
-            b = DRIVER.bind(ptr, self.grid, self.block, self.smem, self._addrs, self._raw,
-                            pdl=True)
             self.bound = b
         rc = b.launch_rc(stream_ptr)
         if rc:
