@@ -56,8 +56,8 @@ class Case:
     buffer it writes, the op's other arrays (``mutable``: those it writes),
     ``op(state, pdl)`` the call on views of ``state["qkv"]``."""
 
-    def __init__(self, state, mutable, op, fresh=()):
-        self.state, self.mutable, self.op, self.fresh = state, mutable, op, fresh
+    def __init__(self, state, mutable, op):
+        self.state, self.mutable, self.op = state, mutable, op
 
     def step(self, state, pdl):
         _torch().matmul(state["x"], state["w"], out=state["qkv"])
@@ -79,7 +79,8 @@ class Case:
         s["pos"].copy_(torch.from_numpy(rng.integers(1, 30000, t)))
         if "slots" in s:
             sl = rng.permutation(PAGES * PS)[:t]
-            sl[rng.integers(0, t)] = -1                 # a padding token writes no cache row
+            if t > 1:
+                sl[rng.integers(0, t)] = -1             # a padding token writes no cache row
             s["slots"].copy_(torch.from_numpy(sl))
 
 
