@@ -28,6 +28,9 @@ Families (``suite_rows.FAMILIES``) and what each times beside cuprope:
   ``RopeQuantizeAppendPagedMLACache`` (``mla_bench.run_case``);
 * ``decode``: plain RoPE in place at decode, the angle table and
   ``rotary_embedding`` (cos/sin cache): copy, FlashInfer (``decode_bench``);
+* ``pdl``: every decode op behind the matmul that writes its q/k, a graph of
+  32 layers, with and without ``enable_pdl`` and the matmuls alone
+  (``pdl_bench``);
 * ``host``: host µs per call against one torch ``mul_`` (``host_overhead``);
 * ``jax``: ``cuprope.jax`` under ``jax.jit`` (rope_qk, rope_qk_norm) against
   XLA's fusion, forward and value_and_grad (``jax_bench``, ``jax_qknorm_bench``);
@@ -283,7 +286,7 @@ def families():
     import suite_fused
     return {"rotation": rotation, "schemes": schemes, "ggml": ggml, "qknorm": suite_fused.qknorm,
             "kv": suite_fused.kv, "prologue": suite_fused.prologue, "mla": suite_fused.mla,
-            "decode": suite_fused.decode, "host": suite_fused.host,
+            "decode": suite_fused.decode, "pdl": suite_fused.pdl, "host": suite_fused.host,
             "jax": suite_fused.jax_calls, "startup": startup, "models": _models}
 
 
@@ -347,7 +350,8 @@ def parse_args(argv=None):
     ap.add_argument("--quick", action="store_true",
                     help="a short run: bf16, fewer cases and repetitions")
     ap.add_argument("--only", default="", help="comma-separated families: rotation, schemes, "
-                    "ggml, qknorm, kv, prologue, mla, decode, host, jax, startup, models (default: all; "
+                    "ggml, qknorm, kv, prologue, mla, decode, pdl, host, jax, startup, models "
+                    "(default: all; "
                     "schemes also times the lrpe family)")
     ap.add_argument("--fi-bin", default=default_fi_bin(),
                     help="FlashInfer's fi_bench_bin (../shared/peers/README.md builds it); "
@@ -365,8 +369,8 @@ def parse_args(argv=None):
 
 # the families with prefill cases: run --repeats times, each row the median
 REPEATED = ("rotation", "schemes", "ggml", "qknorm", "kv", "prologue", "mla")
-ALL = ("rotation", "schemes", "ggml", "qknorm", "kv", "prologue", "mla", "decode", "host", "jax",
-       "startup", "models")
+ALL = ("rotation", "schemes", "ggml", "qknorm", "kv", "prologue", "mla", "decode", "pdl", "host",
+       "jax", "startup", "models")
 
 
 def main(argv=None):

@@ -133,6 +133,9 @@ TARGETS = [
      ">=", ""),
     ("Plain RoPE at decode ≤ FlashInfer cos/sin cache (its µs / ours), B 1–1024",
      _peer_required("decode", "flashinfer-cos-sin-cache"), 1.0, ">=", ""),
+    ("Programmatic dependent launch: [matmul → op] graph µs per layer without enable_pdl / with, "
+     "every decode op and B", _peer_required("pdl", "cuprope-no-pdl", ours="cuprope-pdl"), 1.0,
+     ">=", "above 1: PDL faster"),
     ("Host time per call of plain RoPE at decode (in place, rotary_embedding) / one torch mul_",
      _host, 1.3, "<=", ""),
     ("Host time per call of the KV append, the prologue and MLA at decode / one torch mul_",
@@ -417,7 +420,7 @@ def targets_file(rows):
     return "\n".join(parts) + "\n"
 
 
-US_FAMILIES = ("kv", "prologue", "mla", "decode", "startup", "models")
+US_FAMILIES = ("kv", "prologue", "mla", "decode", "pdl", "startup", "models")
 
 
 def _metric(family, op_rows):

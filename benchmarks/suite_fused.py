@@ -1,6 +1,6 @@
 """bench_suite's fused-op families: each calls its measuring module
 (qknorm_bench, kvcache_bench, prologue_bench, mla_bench, decode_bench,
-host_overhead, jax_bench, jax_qknorm_bench) and turns what it returns into
+pdl_bench, host_overhead, jax_bench, jax_qknorm_bench) and turns what it returns into
 suite_rows rows. ``ctx`` is bench_suite.Ctx (quick mode, case / dtype
 filters, FlashInfer's lines)."""
 import suite_rows
@@ -182,6 +182,31 @@ def decode(ctx):
         else:
             rows[-3]["note"] += "; " + ctx.fi_note()
     ctx.progress("decode")
+    return rows
+
+
+def pdl(ctx):
+    """Programmatic dependent launch (pdl_bench.measure): µs per layer of a
+    CUDA graph of L layers of [matmul writing q/k -> decode op], the op
+    launched with enable_pdl, without it (ratio: its µs / with), and the
+    matmuls alone."""
+    import pdl_bench as pb
+    batches = [b for b in pb.BATCHES if ctx.want_case(f"B {b}")]
+    replays = 11 if ctx.quick else 31
+    rows = []
+    for r in pb.measure(batches=batches, layers=pb.LAYERS, replays=replays):
+        case = f"B {r['B']}"
+        shape = (f"B {r['B']} Hq {pb.HQ} Hk {pb.HK} D {pb.D}" if "mla" not in r["op"] else
+                 f"T {r['B']} H {pb.MLA_H} R {pb.MLA_R} Dc {pb.MLA_DC}")
+        g = (f"CUDA-graph replay of {r['layers']} layers [matmul (hidden {r['hidden']}) -> op], "
+             f"median of {replays}, µs per layer")
+        rows += [make("pdl", r["op"], case, "bf16", "cuprope-pdl", r["pdl_us"], shape=shape,
+                      note=g + "; enable_pdl=True"),
+                 make("pdl", r["op"], case, "bf16", "cuprope-no-pdl", r["plain_us"], shape=shape,
+                      ratio_to="cuprope-pdl", note=g),
+                 make("pdl", r["op"], case, "bf16", "matmul-only", r["matmul_us"], shape=shape,
+                      note=g + "; the chain without the op")]
+        ctx.progress(f"pdl {r['op']} {case}")
     return rows
 
 

@@ -31,7 +31,7 @@ import statistics
 COLUMNS = ("family", "op", "case", "shape", "dtype", "impl", "us", "frac_copy", "ratio",
            "ratio_to", "bytes", "device", "commit", "note")
 FAMILIES = ("rotation", "schemes", "lrpe", "ggml", "qknorm", "kv", "prologue", "mla", "decode",
-            "host", "jax", "startup", "models")
+            "pdl", "host", "jax", "startup", "models")
 
 
 def make(family, op, case, dtype, impl, us, *, shape="", frac_copy=None, ratio=None,

@@ -7,9 +7,9 @@
 * ``rope_qk_norm(q, k, config, ...)`` / ``RopeQKNormFunction``, the fused
   QK-norm + RoPE: :mod:`cuprope.qknorm.torch`;
 * ``rotary_embedding(positions, query, key, head_size, cos_sin_cache,
-  is_neox=True, rope_dim_offset=0, inverse=False)``, vLLM's in-place op (its
-  schema's arguments; positions ``[T]`` or ``[B, S]``, any float cache
-  dtype): :mod:`cuprope.kvcache.torch`;
+  is_neox=True, rope_dim_offset=0, inverse=False, *, enable_pdl=False)``,
+  vLLM's in-place op (its schema's arguments; positions ``[T]`` or
+  ``[B, S]``, any float cache dtype): :mod:`cuprope.kvcache.torch`;
 * ``fused_qk_norm_rope(qkv, num_heads_q, num_heads_k, num_heads_v, head_dim,
   eps, q_weight, k_weight, cos_sin_cache, is_neox, position_ids,
   forced_token_heads_per_warp=-1)``, vLLM's op of that name (in place on qkv,

@@ -259,4 +259,31 @@ __device__ __forceinline__ float sub_exact(float x, float y) {
   return r;
 }
 
+// Programmatic dependent launch (a launch with enable_pdl: the driver's
+// CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION) lets a kernel start
+// while the stream's previous kernel is still running. A kernel calls
+// wait_prior_grids() after the loads no earlier kernel of the stream writes
+// (positions, slots, page tables, weights, scales, angle table rows) and
+// before its first load of what one may write (q, k, v, caches) and its
+// first global store; then let_dependents_launch(), so that the stream's
+// next kernel, when it was launched with the attribute too, may start its
+// own prologue. Called after the wait, that next kernel starts only once
+// everything before this one has completed.
+// griddepcontrol.wait blocks until the prerequisite grids in flight have
+// completed and their memory is visible (PTX ISA, griddepcontrol); a grid
+// launched without the attribute was ordered after the previous kernel's
+// end, has none in flight, and goes on at once: the kernels carry both
+// instructions unconditionally. They exist from sm_90 on; older
+// architectures compile neither (and the host refuses enable_pdl there).
+__device__ __forceinline__ void wait_prior_grids() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void let_dependents_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 }  // namespace cuprope

@@ -119,6 +119,8 @@ __global__ void __launch_bounds__(kThreads, CUPROPE_MIN_BLOCKS)
   const float sign = static_cast<float>(a.sin_sign);
   int e0 = 0, e1 = 0;
   bool rot = false, two = false;
+  wait_prior_grids();
+  let_dependents_launch();
   for (int c = static_cast<int>(threadIdx.x); c < chunks; c += static_cast<int>(blockDim.x)) {
     ChunkGeometry<INTERLEAVED, VEC>{rot, c, rot_chunks, two, static_cast<int>(cw), e0, e1, npairs,
                                     chunks}();

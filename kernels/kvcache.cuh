@@ -207,6 +207,8 @@ __global__ void __launch_bounds__(kThreads, WIDE ? kKvWideMinBlocks : kKvMinBloc
   long long page = 0, prow = 0;
   const bool cached = has_kv && crow.finish(kv, page, prow);
   const float q_inv = inv_scale<Q8>(kv.q_scale, 0);
+  wait_prior_grids();  // (the loads above read no earlier kernel's output)
+  let_dependents_launch();
   int e0 = 0, e1 = 0;  // the chunk's packs (ChunkGeometry)
   bool rot = false, two = false;
   for (int c = lane - sub * cpr; c < chunks; c += cpr) {

@@ -213,6 +213,8 @@ __global__ void __launch_bounds__(kThreads, kMlaMinBlocks)
   const bool cached = has_kv && crow.finish(kv, page, prow);
   const float q_inv = inv_scale<Q8>(kv.q_scale, 0);
   const float c_inv = inv_scale<C8>(kv.k_scale, 0);
+  wait_prior_grids();  // (the loads above read no earlier kernel's output)
+  let_dependents_launch();
   const int nope_packs = m.qn_ptr ? static_cast<int>(m.nope_dim) / VEC : 0;
   const int nq = max(0, min(h1, hq) - h0);  // the warp's query rows
   const int n_rot = (nq + (cached ? 1 : 0)) * rot_chunks;

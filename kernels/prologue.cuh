@@ -71,6 +71,13 @@ struct PrologueSink {
   const PrologueArgs& p;
   float q_inv;
 
+  // programmatic dependent launch: what the body loaded so far (weights, the
+  // q scale) no earlier kernel writes; q and k come next
+  __device__ __forceinline__ void ready() const {
+    wait_prior_grids();
+    let_dependents_launch();
+  }
+
   // (target pointer, element offset of head hh's row, inverse scale); false: not written
   __device__ __forceinline__ bool k_target(const QkNormArgs& a, unsigned b, unsigned s, int hh,
                                            long long& off, float& inv) const {
@@ -164,6 +171,8 @@ __global__ void __launch_bounds__(kThreads, kPrologueMinBlocks)
     prologue_kernel(const QkNormArgs a, const KvArgs kv, const PrologueArgs p) {
   const unsigned nb = static_cast<unsigned>(p.norm_blocks);
   if (blockIdx.x >= nb) {  // (block-uniform: the norm bodies' __syncthreads stay whole)
+    wait_prior_grids();
+    let_dependents_launch();
     prologue_v_body<T, (FP8 & kKvFp8Cache) != 0>(a.r, kv, p, blockIdx.x - nb, gridDim.x - nb);
     return;
   }

@@ -224,8 +224,11 @@ __device__ __forceinline__ float norm_value(const QkNormArgs& a, bool has_w, flo
 // another op's targets (kernels/prologue.cuh: fp8 q, the KV cache). item
 // takes one item of head h of unit u (qknorm_kernel's body), vals the two
 // packs of a lane's chunk of head hh of tensor t (qknorm_rows_kernel's), both
-// in fp32 before their rounding to T.
+// in fp32 before their rounding to T. ready() runs once per thread before
+// its first load of q or k (the prologue's programmatic dependent launch
+// waits there; nothing here).
 struct QkOutSink {
+  __device__ __forceinline__ void ready() const {}
   template <typename T>
   __device__ __forceinline__ void item(const QkNormArgs& a, const QkToken&, const QkUnit& u,
                                        int h, const QkItem& it, const float (&v)[2]) const;
@@ -420,6 +423,7 @@ __device__ __forceinline__ void qknorm_body(const QkNormArgs& a, const Grid& gri
     __syncwarp();
   }
   const bool shared_src = !a.table && !a.r.freq_sh;
+  sink.ready();
   const int groups = BWD ? 1 : static_cast<int>(a.step_groups);
   const int ustep[2] = {a.norm_token ? max(1, static_cast<int>(a.r.heads[0])) : 1,
                         a.norm_token ? max(1, static_cast<int>(a.r.heads[1])) : 1};
@@ -766,6 +770,7 @@ __device__ __forceinline__ void qknorm_rows_body(const QkNormArgs& a, const Grid
     }
   };
   __syncthreads();
+  sink.ready();  // (after the weights' loads)
   long long pos0 = 0;
   long long item = warp;
   int step = 0, step_end = 0;

@@ -723,6 +723,9 @@ __device__ __forceinline__ void rope_body(const RopeArgs& a) {
 template <typename T, bool INTERLEAVED, int VEC, int SRC, int ACT = kActNone, bool BWD = false>
 __global__ void __launch_bounds__(kThreads, rope_min_blocks<T, SRC, ACT, BWD>())
     rope_kernel(const RopeArgs a) {
+  // (programmatic dependent launch: at entry, as the body loads q and k first)
+  wait_prior_grids();
+  let_dependents_launch();
   rope_body<T, INTERLEAVED, VEC, SRC, ACT, BWD>(a);
 }
 

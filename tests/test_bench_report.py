@@ -89,6 +89,10 @@ def _rows(**v):
             rows.append(m(fam, op, case, dt, "copy", copy))
         rows.append(m(fam, op, case, dt, ours_impl, ours))
         rows += [m(fam, op, case, dt, p, us, ratio_to=ours_impl) for p, us in peers.items()]
+    rows += [m("pdl", "rope_qk_forward in place", "B 1", "bf16", "cuprope-pdl",
+               v.get("pdl", 7.0)),
+             m("pdl", "rope_qk_forward in place", "B 1", "bf16", "cuprope-no-pdl", 7.5,
+               ratio_to="cuprope-pdl")]
     rows += [m("models", "train step", "m", "bf16", "cuprope-compile", 90.0),
              m("models", "train step", "m", "bf16", "hf-compile", 91.0, ratio_to="cuprope-compile")]
     rows += [m("host", "torch mul_", "B 8", "bf16", "torch-mul_", 10.0, ratio=1.0),
@@ -120,6 +124,7 @@ def test_every_target_met_on_rows_past_every_bound():
     (dict(mla_b1=2.5), "MLA append at or under FlashInfer"),
     (dict(host=1.31), "Host time per call of plain RoPE"),
     (dict(host_fused=1.51), "Host time per call of the KV append, the prologue and MLA"),
+    (dict(pdl=7.6), "Programmatic dependent launch"),
     (dict(models_pn=14.0), "Models: position encoding + q/k norm per step, HF eager's"),
 ])
 def test_a_row_past_its_bound_is_not_met(override, target):
@@ -260,7 +265,8 @@ def test_bench_suite_without_a_gpu_says_so(tmp_path):
     ("jax_qknorm_bench", ("measure", "SHAPES")),
     ("prologue_bench", ("run_case", "CASES", "HQ", "HK", "D", "PAGE")),
     ("mla_bench", ("run_case", "flashinfer_mla_rows", "CASES", "H", "R", "N", "PAGE")),
-    ("suite_fused", ("qknorm", "kv", "prologue", "mla", "decode", "host", "jax_calls")),
+    ("suite_fused", ("qknorm", "kv", "prologue", "mla", "decode", "pdl", "host", "jax_calls")),
+    ("pdl_bench", ("measure", "build", "OPS", "BATCHES", "LAYERS", "HQ", "HK", "D", "MLA_H")),
     ("models_bench", ("suite", "measure", "CONFIGS")),
     ("models_profile", ("profile_step", "attribute", "ranges")),
     ("cuprope.bench", ("run_case", "run_scheme_case", "time_gpu", "cos_sin_tables", "SHAPES",
@@ -532,3 +538,35 @@ def test_bench_suite_repeats_prefill_families_and_reruns_flashinfer(monkeypatch)
     rows = bench_suite.run_family(measure, ctx, 3)
     assert seen == [None, None, None]           # fi_bench_bin's lines are timed again each pass
     assert len(rows) == 1 and rows[0]["us"] == 2.0 and "median of 3 suite passes" in rows[0]["note"]
+
+
+def test_pdl_family_rows_and_target(monkeypatch):
+    """The pdl family (pdl_bench.measure): three rows per (op, B), with and
+    without enable_pdl and the matmuls alone, the plain row's ratio over the
+    PDL row; the target is met where PDL is faster everywhere, not met
+    where one row is slower."""
+    import types
+
+    import bench_suite
+    pb = types.SimpleNamespace(BATCHES=(1, 64), LAYERS=32, HQ=32, HK=8, D=128, MLA_H=128,
+                               MLA_R=64, MLA_DC=512)
+    times = {"rope_qk_forward in place": (6.0, 5.5), "rope_append_mla fp8": (9.0, 8.0)}
+
+    def measure(batches, layers, replays):
+        return [dict(op=op, B=b, layers=layers, hidden=512, matmul_us=4.0, plain_us=p,
+                     pdl_us=q + (b == 64 and slow), op_plain_us=p - 4.0, op_pdl_us=q - 4.0,
+                     saved_us=p - q) for op, (p, q) in times.items() for b in batches]
+    monkeypatch.setitem(sys.modules, "pdl_bench", pb)
+    monkeypatch.delitem(sys.modules, "suite_fused", raising=False)
+    import suite_fused
+    assert "pdl" in bench_suite.ALL and bench_suite.families()["pdl"] is suite_fused.pdl
+    for slow, status in ((0.0, "met"), (1.0, "not met")):
+        pb.measure = measure
+        rows = suite_rows.finish(suite_fused.pdl(_Ctx([])), "TEST GPU", "deadbee")
+        assert len(rows) == 3 * 2 * 2 and {r["family"] for r in rows} == {"pdl"}
+        plain = [r for r in rows if r["impl"] == "cuprope-no-pdl"]
+        assert plain[0]["ratio"] == pytest.approx(6.0 / 5.5)
+        assert "T 1 H 128" in [r for r in rows if "mla" in r["op"]][0]["shape"]
+        e = next(e for e in report.evaluate(rows) if "enable_pdl" in e["target"])
+        assert e["status"] == status and e["n"] == 4
+        assert report._metric("pdl", rows)[0] == "us"

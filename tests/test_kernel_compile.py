@@ -377,3 +377,70 @@ def test_every_mla_instantiation_compiles(arch):
     assert len(spills) >= 48  # ptxas reported every function
     spilled = [sp for sp in spills if sp != (0, 0)]
     assert len(spilled) <= 16 and all(st <= 32 and ld <= 96 for st, ld in spilled), spills
+
+
+def _ptx_bodies(arch, names, entry):
+    """{name expression: its .entry's PTX text} of ``names`` compiled for ``arch``."""
+    import re
+    rc, log, prog = _build(arch, names, _loader.compile_options(), entry)
+    assert rc == nvrtc.nvrtcResult.NVRTC_SUCCESS, log
+    lowered = {n: _check(nvrtc.nvrtcGetLoweredName(prog, n.encode())).decode() for n in names}
+    size = _check(nvrtc.nvrtcGetPTXSize(prog))
+    ptx = b" " * size
+    _check(nvrtc.nvrtcGetPTX(prog, ptx))
+    nvrtc.nvrtcDestroyProgram(prog)
+    bodies = {m.group(1): m.group(0) for m in re.finditer(
+        r"\.entry (\w+)\(.*?\n\}\n", ptx.decode(errors="replace"), re.S)}
+    return {n: bodies[lowered[n]] for n in names}
+
+
+def _decode_op_kernels():
+    """(entry, name expressions) of one instantiation of every kernel a decode
+    op launches (enable_pdl), and the plain QK-norm kernels, which wait for
+    nothing."""
+    bf16 = "bfloat16"
+    return [
+        (_loader.KV_ENTRY, [_loader.decode_kernel_name(bf16, False),
+                            _loader.decode_kernel_name(bf16, True, _loader.KV_COS_SIN_F32),
+                            _loader.kv_kernel_name(bf16, False, 8, _loader.KV_ANGLES, 3),
+                            _loader.kv_kernel_name(bf16, True, 8, _loader.KV_COS_SIN_F32)]),
+        (_loader.ENTRY, [_loader.kernel_name(bf16, False, 8),
+                         _loader.kernel_name("float32", True, 4, _loader.SRC_PER_HEAD)]),
+        (_loader.PROLOGUE_ENTRY, [_loader.prologue_kernel_name(bf16, False, 8, 3),
+                                  _loader.prologue_kernel_name(bf16, False, 0)]),
+        (_loader.MLA_ENTRY, [_loader.mla_kernel_name(bf16, True, 8, 3)]),
+    ]
+
+
+@pytest.mark.parametrize("arch", ["compute_90", "compute_80"])
+def test_decode_op_kernels_wait_for_the_previous_grid_from_sm_90(arch):
+    """Programmatic dependent launch: from sm_90 on, every kernel a decode op
+    launches waits for the previous grid (griddepcontrol.wait) before its
+    first global store, then lets the next one launch; older targets compile
+    neither instruction. The QK-norm kernels (no enable_pdl) carry none."""
+    import re
+    for entry, names in _decode_op_kernels():
+        for name, body in _ptx_bodies(arch, names, entry).items():
+            waits = [m.start() for m in re.finditer(r"griddepcontrol\.wait", body)]
+            launches = [m.start() for m in re.finditer(r"griddepcontrol\.launch_dependents", body)]
+            if arch == "compute_80":
+                assert not waits and not launches, name
+                continue
+            assert waits and launches, name
+            assert min(waits) < min(launches), name
+            first_store = body.find("st.global")
+            assert first_store < 0 or min(waits) < first_store, name
+    qk = [_loader.qknorm_rows_kernel_name("bfloat16", False, False),
+          _loader.qknorm_kernel_name("bfloat16", False, False)]
+    assert not any("griddepcontrol" in b for b in _ptx_bodies(arch, qk, _loader.ENTRY).values())
+
+
+def test_decode_rows_load_the_position_before_the_wait():
+    """The decode rows (and the KV dialect's kernel) load what no earlier
+    kernel writes (the position; slots) before griddepcontrol.wait, so those
+    loads overlap the previous kernel; q and k come after it."""
+    names = [_loader.decode_kernel_name("bfloat16", False),
+             _loader.kv_kernel_name("bfloat16", False, 8, _loader.KV_ANGLES, 3)]
+    for name, body in _ptx_bodies("compute_90", names, _loader.KV_ENTRY).items():
+        wait = body.find("griddepcontrol.wait")
+        assert wait > 0 and "ld.global" in body[:wait], name

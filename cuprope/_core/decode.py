@@ -73,17 +73,17 @@ def geometry(sms, chunks, htot, n_batch, n_seq):
 
 
 def spec(sms, *, dtype, interleaved, vec, src, rope_args, kv, calls, htot, chunks,
-         n_batch, n_seq) -> LaunchSpec | None:
+         n_batch, n_seq, pdl=False) -> LaunchSpec | None:
     """The decode rows' LaunchSpec (None where the grid cannot hold the
     heads or the sequences): ``rope_args`` a packed RopeArgs (its head
     groups and tiling are not read), ``kv`` KvArgs fields by name (the table:
-    cs_ptr, cs_st, cs_rows), ``calls`` as LaunchSpec's."""
+    cs_ptr, cs_st, cs_rows), ``calls`` and ``pdl`` as LaunchSpec's."""
     grid, block = geometry(sms, chunks, htot, n_batch, n_seq)
     if grid[1] > MAX_GRID_Y or grid[2] > MAX_GRID_Y:
         return None
     return LaunchSpec(decode_kernel_name(dtype, interleaved, src), FAMILY, grid, block, 0,
                       [(ROPE_ARGS, rope_args), (KV_ARGS, KV_ARGS.pack(**kv))], calls, vec=vec,
-                      align=vec * ITEMSIZE[dtype])
+                      align=vec * ITEMSIZE[dtype], pdl=pdl)
 
 
 def table_rows(config) -> int:

@@ -7,12 +7,21 @@ stream changes, the function, the parameter array and NULL. Each is a ctypes
 object made once, so a call converts nothing (benchmarks/NOTES.md 36: about
 a third of ``cuLaunchKernel``'s eleven converted arguments). Drivers without
 it (before CUDA 12) get ``cuLaunchKernel`` with its arguments preconverted.
+
+Programmatic dependent launch (``pdl``): the launch carries one
+``CUlaunchAttribute``, CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+= 1, which only ``cuLaunchKernelEx`` takes: without it (or without a driver
+library) such a bind raises instead of launching without the attribute.
 """
 from __future__ import annotations
 
 import ctypes
 
 _u = ctypes.c_uint
+
+# cuda.h: CUlaunchAttributeID and CUfunction_attribute values
+PROGRAMMATIC_STREAM_SERIALIZATION = 6
+FUNC_PTX_VERSION = 5
 
 
 class LaunchConfig(ctypes.Structure):
@@ -21,6 +30,15 @@ class LaunchConfig(ctypes.Structure):
 
     _fields_ = [("grid", _u * 3), ("block", _u * 3), ("smem", _u), ("stream", ctypes.c_void_p),
                 ("attrs", ctypes.c_void_p), ("n_attrs", _u)]
+
+
+class LaunchAttribute(ctypes.Structure):
+    """``CUlaunchAttribute`` (cuda.h): the id (4 bytes, padded to 8), then
+    the 64-byte value union, whose int members (such as
+    programmaticStreamSerializationAllowed) sit at its start (72 bytes)."""
+
+    _fields_ = [("id", _u), ("_pad", ctypes.c_char * 4), ("value", ctypes.c_int),
+                ("_rest", ctypes.c_char * 60)]
 
 
 class Stream:
@@ -45,14 +63,26 @@ class Bound:
         self._keep = keep  # what the converted pointers point into
         self.stream = 0
 
+    def attributes(self) -> tuple:
+        """(id, int value) of each launch attribute the driver gets."""
+        cfg = self._cfg
+        if cfg is None or not cfg.n_attrs:
+            return ()
+        arr = ctypes.cast(cfg.attrs, ctypes.POINTER(LaunchAttribute))
+        return tuple((arr[i].id, arr[i].value) for i in range(cfg.n_attrs))
+
     def launch(self, stream_ptr) -> bool:
+        return self.launch_rc(stream_ptr) == 0
+
+    def launch_rc(self, stream_ptr) -> int:
+        """The launch on ``stream_ptr``; the driver's CUresult (0: accepted)."""
         if stream_ptr != self.stream:
             if self._cfg is not None:
                 self._cfg.stream = stream_ptr
             else:
                 self.args[self._stream_at] = ctypes.c_void_p(stream_ptr)
             self.stream = stream_ptr
-        return self.call(*self.args) == 0
+        return self.call(*self.args)
 
 
 class Driver:
@@ -80,24 +110,62 @@ class Driver:
         fn.restype = ctypes.c_int  # no argtypes: every argument is passed as a ctypes object
         self._fn, self._ok = fn, True
 
-    def bind(self, func_ptr, grid, block, smem, param_addrs, keep):
+    def bind(self, func_ptr, grid, block, smem, param_addrs, keep, pdl=False):
         """A Bound launch of the function at ``func_ptr`` whose kernel
         parameters sit at ``param_addrs`` (one address per parameter); ``keep``
-        holds what those addresses point into. None without a driver."""
+        holds what those addresses point into. None without a driver.
+        ``pdl``: a programmatic dependent launch (RuntimeError where the
+        driver cannot make one)."""
         if self._ok is None:
             self._load()
+        if pdl and not (self._ok and self._ex):
+            raise RuntimeError(
+                "enable_pdl needs the CUDA driver's cuLaunchKernelEx (CUDA 12 or newer); "
+                + ("this driver has none" if self._ok else "no driver library (libcuda.so.1)")
+                + ": call without enable_pdl")
         if not self._ok:
             return None
         params = (ctypes.c_void_p * len(param_addrs))(*param_addrs)
         pvoid = ctypes.c_void_p(ctypes.addressof(params))
         fvoid = ctypes.c_void_p(func_ptr)
         if self._ex:
-            cfg = LaunchConfig((_u * 3)(*grid), (_u * 3)(*block), smem, None, None, 0)
+            attrs = None
+            if pdl:
+                attrs = (LaunchAttribute * 1)()
+                attrs[0].id, attrs[0].value = PROGRAMMATIC_STREAM_SERIALIZATION, 1
+            cfg = LaunchConfig((_u * 3)(*grid), (_u * 3)(*block), smem, None,
+                               None if attrs is None else ctypes.addressof(attrs),
+                               0 if attrs is None else 1)
             return Bound(self._fn, (ctypes.byref(cfg), fvoid, pvoid, None), cfg, -1,
-                         (params, keep))
+                         (params, keep, attrs))
         args = [fvoid, *(_u(v) for v in grid), *(_u(v) for v in block), _u(smem),
                 ctypes.c_void_p(0), pvoid, None]
         return Bound(self._fn, args, None, 8, (params, keep))
+
+    def _lib(self):
+        if self._ok is None:
+            self._load()
+        return ctypes.CDLL("libcuda.so.1") if self._ok else None
+
+    def ptx_version(self, func_ptr) -> int:
+        """The virtual architecture the function's code was compiled for (90
+        for compute_90: ``__CUDA_ARCH__`` / 10), 0 where the driver cannot
+        say."""
+        lib = self._lib()
+        if lib is None:
+            return 0
+        out = ctypes.c_int(0)
+        rc = lib.cuFuncGetAttribute(ctypes.byref(out), ctypes.c_int(FUNC_PTX_VERSION),
+                                    ctypes.c_void_p(func_ptr))
+        return out.value if rc == 0 else 0
+
+    def error_name(self, rc) -> str:
+        """The driver's name of a CUresult (``CUDA_ERROR_INVALID_VALUE``)."""
+        lib = self._lib()
+        name = ctypes.c_char_p()
+        if lib is None or lib.cuGetErrorName(ctypes.c_int(rc), ctypes.byref(name)) != 0:
+            return f"CUresult {rc}"
+        return name.value.decode()
 
 
 DRIVER = Driver()

@@ -25,15 +25,18 @@ from .launcher import on_device
 from .layout import canon_sizes, canon_strides
 
 
-def rope_call(xs, names, config, inverse, positions, offset, seq_offsets, outs, inplace, stream):
+def rope_call(xs, names, config, inverse, positions, offset, seq_offsets, outs, inplace, stream,
+              enable_pdl=False):
     """Rotate ``xs`` (x, or q and k) by ``config``: the whole of
-    ``cuprope.rope_forward`` and friends. Returns a tuple like ``xs``."""
+    ``cuprope.rope_forward`` and friends. Returns a tuple like ``xs``.
+    ``enable_pdl``: a programmatic dependent launch (no effect on the host)."""
     if not isinstance(config, RopeConfig):
         raise TypeError(f"config must be a cuprope.RopeConfig, got {type(config).__name__}")
     res = fastpath.fast_path(xs, config, inverse, positions, offset, seq_offsets, outs, inplace,
-                             stream)
+                             stream, enable_pdl)
     if res is not None:
         return res
+    enable_pdl = validate.check_flag(enable_pdl, "enable_pdl")
     offset = validate.as_offset(offset)
     head_rows = config.inv_freq.shape[0] if config.per_head else None
     infos, out_infos, (b, s, d) = validate.validate_call(xs, names, config.layout,
@@ -46,9 +49,9 @@ def rope_call(xs, names, config, inverse, positions, offset, seq_offsets, outs, 
     if infos[0].device < 0:
         return host.rope(infos, out_infos, config, inverse, pos_info, seq_info, offset)
     cache_key = fastpath.fast_key(infos[0].kind, xs, config, inverse, positions, seq_offsets,
-                                  outs, inplace, stream)
+                                  outs, inplace, stream, enable_pdl)
     return _gpu_rope(infos, out_infos, config, inverse, pos_info, seq_info, offset, stream,
-                     (b, s, d), cache_key)
+                     (b, s, d), cache_key, enable_pdl)
 
 
 def index_infos(config, device, b, s, positions, seq_offsets, shape=None):
@@ -84,7 +87,7 @@ def empty_result(infos, out_infos):
 
 
 def _gpu_rope(infos, out_infos, config, inverse, pos_info, seq_info, offset, stream, bsd,
-              cache_key):
+              cache_key, pdl=False):
     b, s, d = bsd
     device = infos[0].device
     stream_ptr = stream_handle(stream, infos[0])
@@ -93,7 +96,7 @@ def _gpu_rope(infos, out_infos, config, inverse, pos_info, seq_info, offset, str
     pos = position_fields(config, pos_info)
     seq64 = None if seq_info is None else seq_info.dtype == "int64"
     # Plans are reused for calls with the same signature (any framework).
-    gkey = ("G", threading.get_ident(), inverse, copy_rest, device, pos, seq64,
+    gkey = ("G", threading.get_ident(), inverse, copy_rest, device, pos, seq64, pdl,
             tuple((i.dtype, tuple(i.shape), i.strides, i.ptr % 16) for i in infos),
             tuple((o.strides, o.ptr % 16) for o in out_infos))
     plan = config._launches.plans.get(gkey)
@@ -107,7 +110,7 @@ def _gpu_rope(infos, out_infos, config, inverse, pos_info, seq_info, offset, str
             pos=pos, seq_off=seq64, inv_freq_ptr=inv_freq.data.ptr,
             freq_sh=config.rotary_dim // 2 if config.per_head else 0,
             stream_map_ptr=0 if smap is None else smap.data.ptr, scale=config.scale,
-            sin_sign=-1.0 if inverse else 1.0, angles=angles), device)
+            sin_sign=-1.0 if inverse else 1.0, angles=angles, pdl=pdl), device)
         if angles.settled:
             config._launches.plans[gkey] = plan
         else:  # launched once without the table it wants (under capture): not kept

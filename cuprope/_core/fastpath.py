@@ -192,7 +192,7 @@ def fast_call(plans, fw, header, arrays):
 # two index arrays (positions and sequence offsets, or cos and sin).
 
 
-def _rope_ticket(fw, xs, inverse, idx1, idx2, outs, inplace):
+def _rope_ticket(fw, xs, inverse, idx1, idx2, outs, inplace, pdl=False):
     """The core's ticket (fast_path builds the same key inline)."""
     n = len(xs)
     pairs = ((0, 1),) if inplace and n == 2 else ()
@@ -200,18 +200,19 @@ def _rope_ticket(fw, xs, inverse, idx1, idx2, outs, inplace):
         pairs = tuple((i, n + j) for i in range(n) for j in range(len(outs))) + (
             ((n, n + 1),) if len(outs) == 2 else ())
     arrays = xs + (idx1, idx2) if outs is None else (*xs, *outs, idx1, idx2)
-    return ticket(fw, ("rope", get_ident(), inverse, inplace, outs is None), arrays, pairs)
+    return ticket(fw, ("rope", get_ident(), inverse, inplace, outs is None, pdl), arrays, pairs)
 
 
-def fast_key(kind, xs, config, inverse, idx1, idx2, outs, inplace, stream):
+def fast_key(kind, xs, config, inverse, idx1, idx2, outs, inplace, stream, pdl=False):
     """The fast-path ticket of a core call about to take the general path, or
-    None when its framework has no fast path (or stream= was given)."""
+    None when its framework has no fast path (or stream= was given).
+    ``pdl``: enable_pdl, part of the key (a plan launches with it or not)."""
     if stream is not None:
         return None
     fw = fast_adapter(kind)
     if fw is None:
         return None
-    return _rope_ticket(fw, xs, inverse, idx1, idx2, outs, inplace)
+    return _rope_ticket(fw, xs, inverse, idx1, idx2, outs, inplace, pdl)
 
 
 def remember_rope(owner, tkt, plan, infos, out_infos):
@@ -221,7 +222,8 @@ def remember_rope(owner, tkt, plan, infos, out_infos):
                  [span(i) for i in infos] + [span(o) for o in out_infos], plan)
 
 
-def fast_path(xs, config, inverse, positions, offset, seq_offsets, outs, inplace, stream):
+def fast_path(xs, config, inverse, positions, offset, seq_offsets, outs, inplace, stream,
+              pdl=False):
     """Result tuple of a core call, or None when the general path must run."""
     fast = config._launches.fast
     if not fast or stream is not None or (inplace and outs is not None):
@@ -231,7 +233,7 @@ def fast_path(xs, config, inverse, positions, offset, seq_offsets, outs, inplace
     fw = _FAST.get(type(xs[0]).__module__)
     if fw is None:
         return None
-    key, ptrs = ["rope", get_ident(), inverse, inplace, outs is None], []
+    key, ptrs = ["rope", get_ident(), inverse, inplace, outs is None, pdl], []
     try:
         fw[0](xs + (positions, seq_offsets) if outs is None else (*xs, *outs, positions,
                                                                    seq_offsets), key, ptrs)

@@ -195,7 +195,7 @@ LRPE_CALLS = (("in_ptr0", 0, 0), ("in_ptr1", 0, 0), ("out_ptr0", 1, 0), ("out_pt
 def rope_spec(*, sms, dtype, interleaved, plans, n_batch, n_seq, head_dim, rot_dim,
               copy_rest, pos, seq_off, inv_freq_ptr, freq_sh, stream_map_ptr, scale, sin_sign,
               act=0, backward_act=False, aux=None, table=None, calls=ROPE_CALLS,
-              angles=None) -> LaunchSpec:
+              angles=None, pdl=False) -> LaunchSpec:
     """The LaunchSpec of one rope launch over one or two tensors (q and k) on
     a GPU of ``sms`` multiprocessors (no device is touched: the JAX lowering
     plans too). Plan.run then takes ``calls``' values: ROPE_CALLS (the core,
@@ -219,7 +219,10 @@ def rope_spec(*, sms, dtype, interleaved, plans, n_batch, n_seq, head_dim, rot_d
     angles: a callable giving (pointer, rows) of the config's angle table
     ((0, 0): none; ``decode.AngleSource``), called only when the launch takes
     the decode rows (``cuprope._core.decode``: few tokens, shared angles);
-    None: never (the JAX lowering)."""
+    None: never (the JAX lowering).
+
+    pdl: a programmatic dependent launch (LaunchSpec.pdl), of the decode
+    rows or of rope_kernel alike."""
     npairs = rot_dim // 2
     tail = head_dim - rot_dim if copy_rest else 0
     lrpe = act != 0 or backward_act
@@ -279,7 +282,7 @@ def rope_spec(*, sms, dtype, interleaved, plans, n_batch, n_seq, head_dim, rot_d
         spec = decode.spec(sms, dtype=dtype, interleaved=interleaved, vec=vec, src=KV_ANGLES,
                            rope_args=args, kv=dict(cs_ptr=ptr, cs_st=rot_dim, cs_rows=n),
                            calls=calls, htot=htot, chunks=chunks, n_batch=n_batch,
-                           n_seq=n_seq)
+                           n_seq=n_seq, pdl=pdl)
         if spec is not None:
             return spec
     key = (dtype, interleaved, vec, src, act, backward_act)
@@ -292,4 +295,4 @@ def rope_spec(*, sms, dtype, interleaved, plans, n_batch, n_seq, head_dim, rot_d
                          (-(-cols // 32), 1, 1), (32, SEQ_SLICES, 1), 0, [(ROPE_ARGS, args)],
                          calls)
     return LaunchSpec(kernel_name(*key), family, grid, block, smem, [(ROPE_ARGS, args)], calls,
-                      flat=flat_kernel_name(*key), pre=pre, vec=vec, align=align)
+                      flat=flat_kernel_name(*key), pre=pre, vec=vec, align=align, pdl=pdl)

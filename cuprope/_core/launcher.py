@@ -40,20 +40,26 @@ class LaunchSpec:
     (the name expression of the kernel's flat entry for the jit lowering;
     None: the kernel's parameters are flat already), ``pre`` (a LaunchSpec
     run first with the same words, or None), ``vec`` (the pack width the
-    pointers' alignment allowed) and ``align`` (vec times the item size: the
-    byte alignment the fast paths check new outputs against)."""
+    pointers' alignment allowed), ``align`` (vec times the item size: the
+    byte alignment the fast paths check new outputs against) and ``pdl``
+    (a programmatic dependent launch: the kernel may start before the
+    stream's previous kernel ends, and waits for it where it reads what that
+    kernel may have written; ``enable_pdl`` of the decode ops)."""
 
     __slots__ = ("kernel", "family", "grid", "block", "smem", "params", "calls", "flat", "pre",
-                 "vec", "align")
+                 "vec", "align", "pdl")
 
     def __init__(self, kernel, family, grid, block, smem, params, calls=(), *, flat=None,
-                 pre=None, vec=1, align=1):
+                 pre=None, vec=1, align=1, pdl=False):
         self.kernel, self.family = kernel, family
         self.grid, self.block, self.smem = tuple(grid), tuple(block), int(smem)
         self.params = tuple(params)
         self.calls = tuple(c if isinstance(c[0], int) else (self.slot(c[0]), c[1], c[2])
                            for c in calls)
         self.flat, self.pre, self.vec, self.align = flat, pre, vec, align
+        if pdl and pre is not None:
+            raise ValueError("a launch with a pre pass takes no programmatic dependent launch")
+        self.pdl = bool(pdl)
 
     def slot(self, role, group=None) -> int:
         """The buffer slot (int64 word) of a field role (``in_ptr1``,
@@ -105,10 +111,12 @@ class Plan:
     (driver.Bound; a driver error falls back to CuPy, which raises clearly).
     ``run(stream_ptr, *values)`` writes the spec's per-call words from
     ``values`` and launches. A plan belongs to one thread (its buffer is
-    reused; the driver copies kernel arguments at launch)."""
+    reused; the driver copies kernel arguments at launch). A ``pdl`` plan
+    launches through the driver from the first call on (CuPy's launch takes
+    no attributes), and a driver error raises there."""
 
     __slots__ = ("device", "func", "grid", "block", "smem", "words", "align", "pre", "_raw",
-                 "_groups", "_addrs", "bound")
+                 "_groups", "_addrs", "bound", "pdl")
 
     def __new__(cls, device, func, spec, pre=None):
         return object.__new__(_plan_class(spec.calls, pre is not None))
@@ -116,7 +124,7 @@ class Plan:
     def __init__(self, device, func, spec, pre=None):
         self.device, self.func = device, func
         self.grid, self.block, self.smem = spec.grid, spec.block, spec.smem
-        self.align, self.pre = spec.align, pre
+        self.align, self.pre, self.pdl = spec.align, pre, spec.pdl
         raw = bytearray(b"".join(bytes(b) for _, b in spec.params))  # each plan owns its buffer
         self._raw = raw
         self.words = memoryview(raw).cast("q")
@@ -143,19 +151,49 @@ class Plan:
                 out += [np.int64(self.words[start + i]) for i in range(n)]
         return tuple(out)
 
+    def _func_ptr(self) -> int:
+        func = self.func
+        ptr = getattr(func, "ptr", None)
+        if ptr is None:  # a cupy RawKernel: its Function for the current device
+            ptr = func.kernel.ptr
+        return int(ptr)
+
     def launch(self, stream_ptr):
         """Through the driver once this has launched once through CuPy."""
+        if self.pdl:
+            self._launch_pdl(stream_ptr)
+            return
         b = self.bound
         if b is None or not b.launch(stream_ptr):
             self.bound = None
             self.func(self.grid, self.block, self._cupy_args(), shared_mem=self.smem,
                       stream=Stream(stream_ptr))
-            func = self.func
-            ptr = getattr(func, "ptr", None)
-            if ptr is None:  # a cupy RawKernel: its Function for the current device
-                ptr = func.kernel.ptr
-            self.bound = DRIVER.bind(int(ptr), self.grid, self.block, self.smem, self._addrs,
-                                     self._raw)
+            self.bound = DRIVER.bind(self._func_ptr(), self.grid, self.block, self.smem,
+                                     self._addrs, self._raw)
+
+    def _launch_pdl(self, stream_ptr):
+        """A programmatic dependent launch through the driver (bound on the
+        first call): RuntimeError where the driver cannot make one or
+        refuses it, ValueError for a kernel built for an architecture before
+        sm_90 (it has no griddepcontrol.wait)."""
+        b = self.bound
+        if b is None:
+            ptr = self._func_ptr()
+            b = DRIVER.bind(ptr, self.grid, self.block, self.smem, self._addrs, self._raw,
+                            pdl=True)
+            arch = DRIVER.ptx_version(ptr)
+            if arch < 90:
+                built = (f"this kernel was built for compute_{arch}" if arch else
+                         "the driver reports no architecture for this kernel")
+                raise ValueError(f"enable_pdl needs a GPU of compute capability 9.0 or newer "
+                                 f"(programmatic dependent launch); {built}: call without "
+                                 f"enable_pdl")
+            self.bound = b
+        rc = b.launch_rc(stream_ptr)
+        if rc:
+            raise RuntimeError(f"cuLaunchKernelEx refused the programmatic dependent launch of "
+                               f"{getattr(self.func, 'name', 'a cuprope kernel')}: "
+                               f"{DRIVER.error_name(rc)}")
 
 
 def plan(spec, device) -> Plan:
@@ -212,6 +250,9 @@ def flat_call(spec, sources, align=None, fixed=None, results=()) -> FlatCall:
     FlatCall, or ``"out"``: the next result); unnamed pointers are 0.
     ``align``: a role's required alignment in bytes (default 0); ``fixed``:
     words the eager path writes per call (``offset``), by field, fixed here."""
+    if spec.pdl:
+        raise ValueError("a programmatic dependent launch (enable_pdl) has no jit lowering: "
+                         "jaxlib's kernel call takes no launch attributes")
     (st, raw), = spec.params
     words = np.frombuffer(raw, dtype=np.int64).copy()
     for role, value in (fixed or {}).items():

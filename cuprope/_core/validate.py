@@ -53,6 +53,13 @@ def as_offset(offset) -> int:
     return offset
 
 
+def check_flag(flag, name) -> bool:
+    """``flag`` as a bool (a Python or NumPy bool; anything else is a TypeError)."""
+    if not isinstance(flag, (bool, np.bool_)):
+        raise TypeError(f"{name} must be a bool, got {type(flag).__name__}")
+    return bool(flag)
+
+
 def check_positions(pos, names="positions + offset + seq_offsets"):
     """Every final position (an int64 array on the host) within the exact range."""
     if pos.size and int(np.abs(pos).max()) > MAX_POSITION:

@@ -56,6 +56,18 @@ stores NaN (0x7f).
 q is rotated in place unless ``q_out`` is given (q's shape; q's dtype or
 e4m3). Returns q_out (or q). JAX arrays are not offered (TypeError): a cache
 write needs donated buffers.
+
+``enable_pdl=True`` (CUDA, compute capability 9.0+): a programmatic
+dependent launch, as serving engines launch it under CUDA graphs. The kernel
+may start while the stream's previous kernel (the QKV GEMM) still runs: it
+reads positions, the addressing (slots, batch indices, cache positions,
+kv_indptr, kv_indices), q_scale and cuprope's angle table first, then waits
+for that kernel before its first load of q, k or v and its first store. So
+positions, the addressing and the scales must be complete when the previous
+kernel starts; q, k and v may be written by it.
+Opt-in: cuprope cannot know who wrote the indices, so no automatic rule is
+safe. Same bits; ValueError on a GPU before sm_90, RuntimeError with a
+driver before CUDA 12; no effect on the NumPy backend.
 """
 from __future__ import annotations
 
@@ -79,11 +91,12 @@ __all__ = ["rope_append_kv", "KV_LAYOUTS", "token_geometry", "index_info", "to_h
 def rope_append_kv(q, k, v, config, positions, *, k_cache=None, v_cache=None, kv_cache=None,
                    kv_layout="NHD", slot_mapping=None, kv_indices=None, kv_indptr=None,
                    batch_indices=None, cache_positions=None, kv_last_page_len=None, q_out=None,
-                   q_scale=None, k_scale=None, v_scale=None, check=False, stream=None):
+                   q_scale=None, k_scale=None, v_scale=None, check=False, stream=None,
+                   enable_pdl=False):
     """Rotate q (into ``q_out``, else in place) and k by ``config`` at
     ``positions``, and write the rotated k and v into the cache rows the
     addressing names, in one launch. See the module docstring for shapes,
-    addressing, fp8 and what is skipped. Returns q_out (or q).
+    addressing, fp8, what is skipped and ``enable_pdl``. Returns q_out (or q).
 
     A repeated call (check=False, no stream=) whose arrays match a previous
     validated call's in dtype, shape, strides, device and alignment reuses
@@ -96,7 +109,7 @@ def rope_append_kv(q, k, v, config, positions, *, k_cache=None, v_cache=None, kv
     is a graph break."""
     args = (q, k, v, config, positions, k_cache, v_cache, kv_cache, kv_layout, slot_mapping,
             kv_indices, kv_indptr, batch_indices, cache_positions, kv_last_page_len, q_out,
-            q_scale, k_scale, v_scale, check, stream)
+            q_scale, k_scale, v_scale, check, stream, enable_pdl)
     written = (q if q_out is None else q_out, k_cache, v_cache, kv_cache)
     if engaged_any(q, k, v, q_scale, k_scale, v_scale, *written):
         from ..torch_route import inference_op
@@ -109,17 +122,19 @@ def rope_append_kv(q, k, v, config, positions, *, k_cache=None, v_cache=None, kv
 
 def _append(q, k, v, config, positions, k_cache, v_cache, kv_cache, kv_layout, slot_mapping,
             kv_indices, kv_indptr, batch_indices, cache_positions, kv_last_page_len, q_out,
-            q_scale, k_scale, v_scale, check, stream):
+            q_scale, k_scale, v_scale, check, stream, enable_pdl=False):
     if not isinstance(config, RopeConfig):
         raise TypeError(f"config must be a cuprope.RopeConfig, got {type(config).__name__}")
     arrays = (q, k, v, positions, k_cache, v_cache, kv_cache, slot_mapping, kv_indices, kv_indptr,
               batch_indices, cache_positions, kv_last_page_len, q_out, q_scale, k_scale, v_scale)
-    fast = not check and stream is None and type(kv_layout) is str
+    fast = (not check and stream is None and type(kv_layout) is str
+            and type(enable_pdl) is bool)
     if fast:
-        header = ("kv", fastpath.get_ident(), kv_layout)
+        header = ("kv", fastpath.get_ident(), kv_layout, enable_pdl)
         if fastpath.fast_call(config._launches.fast, fastpath.adapter_of(q), header, arrays):
             return q if q_out is None else q_out
     refuse_jax("rope_append_kv", q, k, v, k_cache, v_cache, kv_cache, q_out)
+    enable_pdl = validate.check_flag(enable_pdl, "enable_pdl")
     qi, ki, vi = describe(q, "q"), describe(k, "k"), describe(v, "v")
     geo = {}
     for info, name in ((qi, "q"), (ki, "k"), (vi, "v")):
@@ -175,7 +190,7 @@ def _append(q, k, v, config, positions, k_cache, v_cache, kv_cache, kv_layout, s
         return qo.obj
     stream_ptr = engine.stream_handle(stream, qi)
     plan, spans = _gpu_append(config, qi, ki, vi, qo, pos, (geo, kc, vc, kloc, vloc, pages,
-                                                            page_size), addr, scales)
+                                                            page_size), addr, scales, enable_pdl)
     ptrs = [0 if a is None else i.ptr for a, i in zip(arrays, _by_index(
         qi, ki, vi, pos, kc, vc, kv_cache is not None, addr, qo if q_out is not None else None,
         scales))]
@@ -247,7 +262,7 @@ def cache_fields(vi, vst, kloc, vloc, pages, page_size, addr, scales):
     return kv
 
 
-def _gpu_append(config, qi, ki, vi, qo, pos, cache, addr, scales):
+def _gpu_append(config, qi, ki, vi, qo, pos, cache, addr, scales, pdl=False):
     """The launch (a launcher.Plan whose per-call words ``run`` fills from
     the pointers of rope_append_kv's ``arrays``) and the spans of those
     arrays (fastpath.span)."""
@@ -290,6 +305,6 @@ def _gpu_append(config, qi, ki, vi, qo, pos, cache, addr, scales):
               "indptr_ptr": _IPTR, "q_scale": _QS, "k_scale": _KS, "v_scale": _VS}
     calls += [(f, i, 0) for f, i in fields.items() if by_index[i] is not None]
     plan = launcher.plan(kv_spec(qi.device, dtype=qi.dtype, interleaved=config.interleaved,
-                                 vec=vec, src=KV_ANGLES, fp8=fp8, rope=rope, kv=kv, calls=calls),
-                         qi.device)
+                                 vec=vec, src=KV_ANGLES, fp8=fp8, rope=rope, kv=kv, calls=calls,
+                                 pdl=pdl), qi.device)
     return plan, [fastpath.span(i) for i in by_index]

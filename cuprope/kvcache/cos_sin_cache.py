@@ -25,6 +25,15 @@ rope_dim_offset : the rotated dims are ``[rope_dim_offset, rope_dim_offset + R)`
     of each head (0: the first R; D − R: the last R, as vLLM's DeepSeek V4
     rope places them); the other dims are not touched.
 inverse : rotate by −angle (sin negated): undoes the rotation by the same rows.
+enable_pdl : (keyword) a programmatic dependent launch (CUDA, compute
+    capability 9.0+; False by default): the kernel may start while the
+    stream's previous kernel still runs, reads positions and its cos_sin_cache
+    rows first, then waits for that kernel before it loads query and key and
+    stores. So positions and the cache must be complete when the previous
+    kernel starts; query and key may be written by it (the QKV GEMM). Opt-in:
+    cuprope cannot know who wrote the positions. Same bits; ValueError on a
+    GPU before sm_90, RuntimeError with a driver before CUDA 12; no effect on
+    the NumPy backend.
 
 The arguments follow vLLM's ``_C.rotary_embedding`` schema
 ``rotary_embedding(Tensor positions, Tensor! query, Tensor!? key, int
@@ -59,7 +68,8 @@ __all__ = ["build_cos_sin_cache", "rotary_embedding"]
 
 
 def rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox=True,
-                     rope_dim_offset=0, inverse=False, *, check=False, stream=None):
+                     rope_dim_offset=0, inverse=False, *, check=False, stream=None,
+                     enable_pdl=False):
     """Rotate query and key in place by the rows ``positions`` of
     ``cos_sin_cache`` (module docstring). Returns (query, key).
 
@@ -74,11 +84,11 @@ def rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox=Tr
     ``cuprope::rotary_embedding`` (``cuprope.torch.rotary_embedding``)."""
     def core():
         return rotate_by_cache(positions, query, key, head_size, cos_sin_cache, is_neox, check,
-                               stream, rope_dim_offset, inverse)
+                               stream, rope_dim_offset, inverse, enable_pdl)
     if engaged_any(query, key, cos_sin_cache):
         from .torch import route_rotation
         return route_rotation(positions, query, key, head_size, cos_sin_cache, is_neox,
-                              rope_dim_offset, inverse, stream, core)
+                              rope_dim_offset, inverse, stream, core, enable_pdl)
     return core()
 
 

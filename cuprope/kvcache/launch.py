@@ -53,14 +53,15 @@ def is_wide(device, dtype, vec, src, warps) -> bool:
 WIDE_WARPS_PER_SM = tuning("CUPROPE_KV_WIDE_WARPS_PER_SM")
 
 
-def kv_spec(device, *, dtype, interleaved, vec, src, fp8, rope, kv, calls=()):
+def kv_spec(device, *, dtype, interleaved, vec, src, fp8, rope, kv, calls=(), pdl=False):
     """One ``kv_rope_kernel`` launch on ``device`` as a launcher.LaunchSpec.
 
     ``rope``: RopeArgs fields by name (heads, n_batch, n_seq, head_dim,
     rot_dim, copy_rest, ...; head_groups and heads_per_group are set here);
     ``kv``: KvArgs fields by name; ``calls``: (field, index, addend) per
     pointer field Plan.run fills from the call's pointers (a field of either
-    struct; a RopeArgs pair's element as ``name1``, e.g. ``in_ptr1``). Its
+    struct; a RopeArgs pair's element as ``name1``, e.g. ``in_ptr1``); ``pdl``
+    a programmatic dependent launch. Its
     plan allocates nothing on the device, so a warmed-up call can be captured
     in a CUDA graph."""
     npairs = rope["rot_dim"] // 2
@@ -77,7 +78,7 @@ def kv_spec(device, *, dtype, interleaved, vec, src, fp8, rope, kv, calls=()):
         rows = decode.spec(sm_count(device), dtype=dtype, interleaved=interleaved, vec=vec,
                            src=src, rope_args=ROPE_ARGS.pack(**rope), kv=kv, calls=calls,
                            htot=htot, chunks=chunks, n_batch=rope["n_batch"],
-                           n_seq=rope["n_seq"])
+                           n_seq=rope["n_seq"], pdl=pdl)
         if rows is not None:
             return rows
     slice_ = src == KV_ANGLES and not rope.get("freq_sh")  # the warp's cos/sin slice
@@ -88,7 +89,8 @@ def kv_spec(device, *, dtype, interleaved, vec, src, fp8, rope, kv, calls=()):
     wide = is_wide(device, dtype, vec, src, grid[0] * block[0] // 32)
     return launcher.LaunchSpec(kv_kernel_name(dtype, interleaved, vec, src, fp8, wide),
                                kv_family_of(src, wide), grid, block, smem,
-                               [(ROPE_ARGS, ra), (KV_ARGS, KV_ARGS.pack(**kv))], calls, vec=vec)
+                               [(ROPE_ARGS, ra), (KV_ARGS, KV_ARGS.pack(**kv))], calls, vec=vec,
+                               pdl=pdl)
 
 
 def angle_table(config, device):

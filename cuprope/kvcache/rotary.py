@@ -68,19 +68,22 @@ def _options(head_size, is_neox, rope_dim_offset, inverse):
 
 
 def rotate_by_cache(positions, query, key, head_size, cos_sin_cache, is_neox, check, stream,
-                    rope_dim_offset=0, inverse=False):
+                    rope_dim_offset=0, inverse=False, enable_pdl=False):
     """``rotary_embedding`` with no torch guard (``cuprope.kvcache.cos_sin_cache``
     documents it): the fast path, else validation and the NumPy or GPU
     backend. Returns (query, key)."""
     cos_sin_cache = cache_copy.held(cos_sin_cache)
     arrays = (positions, query, key, cos_sin_cache)
     fast = (not check and stream is None and type(head_size) is int and type(is_neox) is bool
-            and type(rope_dim_offset) is int and type(inverse) is bool)
+            and type(rope_dim_offset) is int and type(inverse) is bool
+            and type(enable_pdl) is bool)
     if fast:
-        header = ("cs", fastpath.get_ident(), head_size, is_neox, rope_dim_offset, inverse)
+        header = ("cs", fastpath.get_ident(), head_size, is_neox, rope_dim_offset, inverse,
+                  enable_pdl)
         if fastpath.fast_call(_LAUNCHES.fast, fastpath.adapter_of(query), header, arrays):
             return query, key
     head_size, off = _options(head_size, is_neox, rope_dim_offset, inverse)
+    enable_pdl = validate.check_flag(enable_pdl, "enable_pdl")
     qi = describe(query, "query")
     pi = describe(positions, "positions")
     if len(pi.shape) not in (1, 2):
@@ -147,7 +150,8 @@ def rotate_by_cache(positions, query, key, head_size, cos_sin_cache, is_neox, ch
     if ki is not None:
         calls += [("in_ptr1", 2, koff), ("out_ptr1", 2, koff)]
     plan = launcher.plan(kv_spec(qi.device, dtype=qi.dtype, interleaved=not is_neox, vec=vec,
-                                 src=src, fp8=0, rope=rope, kv=kv, calls=calls), qi.device)
+                                 src=src, fp8=0, rope=rope, kv=kv, calls=calls,
+                                 pdl=enable_pdl), qi.device)
     launcher.on_device(qi.device, plan.run, stream_ptr, pi.ptr, qi.ptr,
                        0 if ki is None else ki.ptr, ci.ptr)
     if fast:

@@ -13,6 +13,7 @@ from typing import Optional
 import torch
 
 from .. import torch_route
+from .._core.validate import check_flag
 from ..torch_guard import engaged_any
 from .rotary import rotate_by_cache
 
@@ -23,19 +24,21 @@ __all__ = ["rotary_embedding"]
 def _rotary_embedding_op(positions: torch.Tensor, query: torch.Tensor,
                          key: Optional[torch.Tensor], head_size: int,
                          cos_sin_cache: torch.Tensor, is_neox: bool, rope_dim_offset: int = 0,
-                         inverse: bool = False) -> None:
-    _in_place(positions, query, key, head_size, cos_sin_cache, is_neox, rope_dim_offset, inverse)
+                         inverse: bool = False, enable_pdl: bool = False) -> None:
+    _in_place(positions, query, key, head_size, cos_sin_cache, is_neox, rope_dim_offset, inverse,
+              enable_pdl)
 
 
 @_rotary_embedding_op.register_fake
 def _(positions, query, key, head_size, cos_sin_cache, is_neox, rope_dim_offset=0,
-      inverse=False):
+      inverse=False, enable_pdl=False):
     return None
 
 
 def rotary_embedding(positions: torch.Tensor, query: torch.Tensor, key: Optional[torch.Tensor],
                      head_size: int, cos_sin_cache: torch.Tensor, is_neox: bool = True,
-                     rope_dim_offset: int = 0, inverse: bool = False) -> None:
+                     rope_dim_offset: int = 0, inverse: bool = False, *,
+                     enable_pdl: bool = False) -> None:
     """vLLM's ``rotary_embedding`` op, with its schema's arguments
     (``positions, query, key, head_size, cos_sin_cache, is_neox,
     rope_dim_offset=0, inverse=False``, vLLM's csrc/pos_encoding_kernels.cu):
@@ -51,35 +54,39 @@ def rotary_embedding(positions: torch.Tensor, query: torch.Tensor, key: Optional
     dims ``[rope_dim_offset, rope_dim_offset + R)`` of each head, the rest
     untouched; ``inverse=True`` rotates by minus the angle (sin negated).
     Returns None. Not differentiable (an inference op). See
-    ``cuprope.cos_sin_cache`` for the details. Under ``torch.compile`` it is
-    the custom op ``cuprope::rotary_embedding`` (mutating query and key)."""
+    ``cuprope.cos_sin_cache`` for the details and ``enable_pdl`` (a
+    programmatic dependent launch: positions and the cache must be complete
+    when the stream's previous kernel starts; query and key may be written by
+    it). Under ``torch.compile`` it is the custom op
+    ``cuprope::rotary_embedding`` (mutating query and key)."""
     if not engaged_any(query, key, cos_sin_cache):  # the common case first: no grad, not traced
         rotate_by_cache(positions, query, key, head_size, cos_sin_cache, is_neox, False, None,
-                        rope_dim_offset, inverse)
+                        rope_dim_offset, inverse, enable_pdl)
     elif torch.compiler.is_compiling():
         _rotary_embedding_op(positions, query, key, int(head_size), cos_sin_cache, bool(is_neox),
-                             int(rope_dim_offset), bool(inverse))
+                             int(rope_dim_offset), bool(inverse),
+                             check_flag(enable_pdl, "enable_pdl"))
     else:
         _in_place(positions, query, key, head_size, cos_sin_cache, is_neox, rope_dim_offset,
-                  inverse)
+                  inverse, enable_pdl)
 
 
 def _in_place(positions, query, key, head_size, cos_sin_cache, is_neox, rope_dim_offset,
-              inverse):
+              inverse, enable_pdl=False):
     """As ``cuprope.cos_sin_cache.rotary_embedding`` rotates (check=False, no
     stream): the call itself, or ``route_rotation`` where the guard says so."""
     def core():
         return rotate_by_cache(positions, query, key, head_size, cos_sin_cache, is_neox, False,
-                               None, rope_dim_offset, inverse)
+                               None, rope_dim_offset, inverse, enable_pdl)
     if engaged_any(query, key, cos_sin_cache):
         route_rotation(positions, query, key, head_size, cos_sin_cache, is_neox, rope_dim_offset,
-                       inverse, None, core)
+                       inverse, None, core, enable_pdl)
     else:
         core()
 
 
 def route_rotation(positions, query, key, head_size, cos_sin_cache, is_neox, rope_dim_offset,
-                   inverse, stream, core):
+                   inverse, stream, core, enable_pdl=False):
     """``cuprope.cos_sin_cache.rotary_embedding`` on torch tensors the guard
     stopped (in place, an inference op): under torch.compile, without
     autograd, the custom op ``cuprope::rotary_embedding``; otherwise as
@@ -89,6 +96,6 @@ def route_rotation(positions, query, key, head_size, cos_sin_cache, is_neox, rop
     grad = torch.is_grad_enabled() and any(torch_route.requires_grad(t) for t in read)
     if torch.compiler.is_compiling() and stream is None and not grad:
         rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox,
-                         rope_dim_offset, inverse)
+                         rope_dim_offset, inverse, enable_pdl=enable_pdl)
         return query, key
     return torch_route.inference_op("rotary_embedding", read, written, core)

@@ -61,6 +61,17 @@ Backends: CUDA (torch or CuPy arrays, one launch on the current or given
 stream; nothing allocated, CUDA-graph capturable), or the NumPy reference on
 the CPU (NumPy / CPU torch arrays: float64 rotation rounded once). JAX arrays
 are not offered (TypeError): a cache write needs donated buffers.
+
+``enable_pdl=True`` (CUDA, compute capability 9.0+): a programmatic
+dependent launch, as serving engines launch it under CUDA graphs. The kernel
+may start while the stream's previous kernel (the projection GEMM) still
+runs: it reads positions, the addressing and the scales first, then waits
+for that kernel before its first load of q_pe, k_pe, ckv or q_nope and its
+first store. So positions, the addressing and the scales must be complete
+when the previous kernel starts; the inputs may be written by it. Opt-in:
+cuprope cannot know who wrote the indices, so no automatic rule is safe.
+Same bits; ValueError on a GPU before sm_90, RuntimeError with a driver
+before CUDA 12; no effect on the NumPy backend.
 """
 from __future__ import annotations
 
@@ -149,11 +160,12 @@ def rope_append_mla(q_pe, k_pe, ckv, config, positions, *, kv_cache=None, ckv_ca
                     kpe_cache=None, slot_mapping=None, kv_indices=None, kv_indptr=None,
                     batch_indices=None, cache_positions=None, kv_last_page_len=None, q_nope=None,
                     q_nope_out=None, q_pe_out=None, q_scale=None, kv_scale=None, check=False,
-                    stream=None):
+                    stream=None, enable_pdl=False):
     """Rotate q_pe (into ``q_pe_out``, else in place), copy q_nope into
     ``q_nope_out`` (optional; e4m3 with ``q_scale``), rotate k_pe and write
     ``[ckv | k_pe]`` into the cache rows the addressing names, in one launch.
-    See the module docstring for shapes, caches, fp8 and addressing.
+    See the module docstring for shapes, caches, fp8, addressing and
+    ``enable_pdl``.
     Returns q_pe_out (or q_pe).
 
     Torch tensors (``cuprope.torch_guard``): an inference op, not
@@ -167,7 +179,7 @@ def rope_append_mla(q_pe, k_pe, ckv, config, positions, *, kv_cache=None, ckv_ca
     its launch (cuprope/_core/fastpath.py)."""
     args = (q_pe, k_pe, ckv, config, positions, kv_cache, ckv_cache, kpe_cache, slot_mapping,
             kv_indices, kv_indptr, batch_indices, cache_positions, kv_last_page_len, q_nope,
-            q_nope_out, q_pe_out, q_scale, kv_scale, check, stream)
+            q_nope_out, q_pe_out, q_scale, kv_scale, check, stream, enable_pdl)
     if engaged_any(q_pe, k_pe, ckv, q_nope, q_scale, kv_scale, q_pe_out, q_nope_out, kv_cache,
                    ckv_cache, kpe_cache):
         from ..torch_route import inference_op
@@ -187,13 +199,14 @@ TRAINING = ("cuprope.torch.rope_qk(q[..., nope:], k_pe, config, positions=...) o
 
 def _append(q_pe, k_pe, ckv, config, positions, kv_cache, ckv_cache, kpe_cache, slot_mapping,
             kv_indices, kv_indptr, batch_indices, cache_positions, kv_last_page_len, q_nope,
-            q_nope_out, q_pe_out, q_scale, kv_scale, check, stream):
+            q_nope_out, q_pe_out, q_scale, kv_scale, check, stream, enable_pdl=False):
     if not isinstance(config, RopeConfig):
         raise TypeError(f"config must be a cuprope.RopeConfig, got {type(config).__name__}")
+    enable_pdl = validate.check_flag(enable_pdl, "enable_pdl")
     arrays = (q_pe, k_pe, ckv, positions, kv_cache, ckv_cache, kpe_cache, slot_mapping, kv_indices,
               kv_indptr, batch_indices, cache_positions, kv_last_page_len, q_nope, q_nope_out,
               q_pe_out, q_scale, kv_scale)
-    header = ("mla", fastpath.get_ident())
+    header = ("mla", fastpath.get_ident(), enable_pdl)
     if not check and stream is None and fastpath.fast_call(
             config._launches.fast, fastpath.adapter_of(q_pe), header, arrays):
         return q_pe if q_pe_out is None else q_pe_out
@@ -273,7 +286,8 @@ def _append(q_pe, k_pe, ckv, config, positions, kv_cache, ckv_cache, kpe_cache, 
     plan = fastpath.registered(config._launches.fast, tkt)
     fresh = plan is None
     if fresh:
-        plan = launcher.plan(_spec(config, a, _calls(by_index, kloc[0] - cinfos[-1].ptr)), dev)
+        plan = launcher.plan(_spec(config, a, _calls(by_index, kloc[0] - cinfos[-1].ptr),
+                                   enable_pdl), dev)
     stream_ptr = engine.stream_handle(stream, qi)
     launcher.on_device(dev, plan.run, stream_ptr, *ptrs)
     if fresh:
@@ -349,9 +363,9 @@ def _host_append(config, a):
         views[1][page[valid], row[valid]] = enc[:, dc:]
 
 
-def _spec(config, a, calls=()):
+def _spec(config, a, calls=(), pdl=False):
     """The call's launcher.LaunchSpec; ``calls`` the words Plan.run writes
-    per call (LaunchSpec.calls)."""
+    per call (LaunchSpec.calls), ``pdl`` LaunchSpec's."""
     qi, ki, ci, qni, qnoi, qoi = (a[n] for n in ("q", "k", "ckv", "q_nope", "q_nope_out", "q_out"))
     cinfos, cloc, kloc, pages, page_size = a["cache"]
     t, h, r = qi.shape
@@ -389,4 +403,4 @@ def _spec(config, a, calls=()):
         mla.update(qn_ptr=qni.ptr, qn_st=qni.strides[0], qn_sh=qni.strides[1], qno_ptr=qnoi.ptr,
                    qno_st=qnoi.strides[0], qno_sh=qnoi.strides[1], nope_dim=qni.shape[2])
     return mla_spec(qi.device, dtype=qi.dtype, interleaved=config.interleaved, vec=vec, fp8=fp8,
-                    rope=rope, kv=kv, mla=mla, calls=calls)
+                    rope=rope, kv=kv, mla=mla, calls=calls, pdl=pdl)

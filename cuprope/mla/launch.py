@@ -46,12 +46,13 @@ def rows_per_warp(device, tokens, heads) -> int:
     return max(1, min(rows, -(-tokens * rows // want)))
 
 
-def mla_spec(device, *, dtype, interleaved, vec, fp8, rope, kv, mla, calls=()):
+def mla_spec(device, *, dtype, interleaved, vec, fp8, rope, kv, mla, calls=(), pdl=False):
     """One ``mla_rope_kernel`` launch on ``device``: ``rope``, ``kv``,
     ``mla`` are the three structs' fields by name (``rope`` needs heads =
     (H, 1), n_seq = T, rot_dim; head_groups and heads_per_group are set
     here); ``calls`` the words Plan.run writes per call ((field, value
-    index, addend), a field of any struct by name). Its plan allocates
+    index, addend), a field of any struct by name); ``pdl`` a programmatic
+    dependent launch. Its plan allocates
     nothing on the device (CUDA-graph safe)."""
     tokens, heads = rope["n_seq"], rope["heads"][0]
     per = rows_per_warp(device, tokens, heads)
@@ -63,4 +64,4 @@ def mla_spec(device, *, dtype, interleaved, vec, fp8, rope, kv, mla, calls=()):
     return launcher.LaunchSpec(mla_kernel_name(dtype, interleaved, vec, fp8), MLA_FAMILY, grid,
                                (THREADS, 1, 1), smem,
                                [(ROPE_ARGS, ra), (KV_ARGS, KV_ARGS.pack(**kv)),
-                                (MLA_ARGS, MLA_ARGS.pack(**mla))], calls, vec=vec)
+                                (MLA_ARGS, MLA_ARGS.pack(**mla))], calls, vec=vec, pdl=pdl)

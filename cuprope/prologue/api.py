@@ -33,6 +33,18 @@ and beside an infinity NaN; this launch stores the values as they are.)
 q is written in place unless ``q_out`` is given; k and v are only read.
 Returns q_out (or q). JAX arrays are not offered (TypeError): a cache write
 needs donated buffers.
+
+``enable_pdl=True`` (CUDA, compute capability 9.0+): a programmatic
+dependent launch, as serving engines launch it under CUDA graphs. The kernel
+may start while the stream's previous kernel (the QKV GEMM) still runs: it
+may read the weights, scales, positions and addressing before it waits for
+that kernel (it reads the norm weights and q_scale there), and loads q, k
+and v and stores only after. So the weights, the scales, positions and the
+addressing must be complete when the previous kernel starts; q, k and v may
+be written by it.
+Opt-in: cuprope cannot know who wrote those arrays, so no automatic rule is
+safe. Same bits; ValueError on a GPU before sm_90, RuntimeError with a
+driver before CUDA 12; no effect on the NumPy backend.
 """
 from __future__ import annotations
 
@@ -62,10 +74,10 @@ def qk_norm_rope_append_kv(q, k, v, config, positions, *, q_weight=None, k_weigh
                            kv_cache=None, kv_layout="NHD", slot_mapping=None, kv_indices=None,
                            kv_indptr=None, batch_indices=None, cache_positions=None,
                            kv_last_page_len=None, q_out=None, q_scale=None, k_scale=None,
-                           v_scale=None, check=False, stream=None):
+                           v_scale=None, check=False, stream=None, enable_pdl=False):
     """Norm and rotate q and k, store q (into ``q_out``, else in place) and
     write k and v into the cache rows the addressing names, in one launch
-    (module docstring). Returns q_out (or q).
+    (module docstring, also for ``enable_pdl``). Returns q_out (or q).
 
     Torch tensors (``cuprope.torch_guard``): an inference op, not
     differentiable. With grad mode on, any tensor argument requiring grad (q,
@@ -81,7 +93,7 @@ def qk_norm_rope_append_kv(q, k, v, config, positions, *, q_weight=None, k_weigh
     args = (q, k, v, config, positions, q_weight, k_weight, eps, norm, weight_offset, order,
             norm_over, rounding, k_cache, v_cache, kv_cache, kv_layout, slot_mapping, kv_indices,
             kv_indptr, batch_indices, cache_positions, kv_last_page_len, q_out, q_scale, k_scale,
-            v_scale, check, stream)
+            v_scale, check, stream, enable_pdl)
     if engaged_any(q, k, v, q_weight, k_weight, q_scale, k_scale, v_scale, q_out, k_cache,
                    v_cache, kv_cache):
         from ..torch_route import inference_op
@@ -109,14 +121,15 @@ def grad_tensors(q, k, v, q_weight, k_weight, q_scale, k_scale, v_scale, q_out, 
 def _prologue(q, k, v, config, positions, q_weight, k_weight, eps, norm, weight_offset, order,
               norm_over, rounding, k_cache, v_cache, kv_cache, kv_layout, slot_mapping, kv_indices,
               kv_indptr, batch_indices, cache_positions, kv_last_page_len, q_out, q_scale, k_scale,
-              v_scale, check, stream):
+              v_scale, check, stream, enable_pdl=False):
     if not isinstance(config, RopeConfig):
         raise TypeError(f"config must be a cuprope.RopeConfig, got {type(config).__name__}")
+    enable_pdl = validate.check_flag(enable_pdl, "enable_pdl")
     arrays = (q, k, v, positions, q_weight, k_weight, k_cache, v_cache, kv_cache, slot_mapping,
               kv_indices, kv_indptr, batch_indices, cache_positions, kv_last_page_len, q_out,
               q_scale, k_scale, v_scale)
-    header = ("pro", fastpath.get_ident(), kv_layout, type(eps), eps, norm, type(weight_offset),
-              weight_offset, order, norm_over, rounding)
+    header = ("pro", fastpath.get_ident(), enable_pdl, kv_layout, type(eps), eps, norm,
+              type(weight_offset), weight_offset, order, norm_over, rounding)
     if not check and stream is None and fastpath.fast_call(
             config._launches.fast, fastpath.adapter_of(q), header, arrays):
         return q if q_out is None else q_out
@@ -176,8 +189,8 @@ def _prologue(q, k, v, config, positions, q_weight, k_weight, eps, norm, weight_
     fresh = plan is None
     if fresh:
         plan = launcher.plan(_spec(call, qi, ki, vi, qo, gv, (kc, vc, kloc, vloc, pages,
-                                                              page_size), addr, scales, by_index),
-                             dev)
+                                                              page_size), addr, scales, by_index,
+                                   enable_pdl), dev)
     stream_ptr = engine.stream_handle(stream, qi)
     launcher.on_device(dev, plan.run, stream_ptr, *ptrs)
     if fresh:
@@ -205,10 +218,10 @@ _CALLS = (("in_ptr0", _Q), ("in_ptr1", _K), ("pos_ptr", _POS), ("w_ptr0", _QW),
           ("k_scale", _KS), ("v_scale", _VS))
 
 
-def _spec(call, qi, ki, vi, qo, gv, cache, addr, scales, by_index):
+def _spec(call, qi, ki, vi, qo, gv, cache, addr, scales, by_index, pdl=False):
     """The call's launcher.LaunchSpec, whose per-call words Plan.run fills
     from the pointers of ``arrays`` (``by_index``: their infos, None where
-    absent)."""
+    absent); ``pdl`` LaunchSpec's."""
     kc, vc, kloc, vloc, pages, page_size = cache
     dev = qi.device
     kv = cache_fields(vi, gv[4], kloc, vloc, pages, page_size, addr, scales)
@@ -224,7 +237,8 @@ def _spec(call, qi, ki, vi, qo, gv, cache, addr, scales, by_index):
         calls += [("k_cache", _KC, 0), ("v_cache", _VC, 0)]
     return launch.spec(call, qi, qo, ki, dev, kv=kv, fp8=fp8, packs=packs, tokens=call.b * call.s,
                        inv_freq_ptr=inv_freq.data.ptr,
-                       stream_map_ptr=0 if smap is None else smap.data.ptr, calls=calls)
+                       stream_map_ptr=0 if smap is None else smap.data.ptr, calls=calls,
+                       pdl=pdl)
 
 
 def _maybe(x, name):

@@ -34,13 +34,13 @@ def pack_ok(width, arrays) -> bool:
 
 
 def spec(call, qi, qo, ki, device, *, kv, fp8, packs, tokens, inv_freq_ptr,
-         stream_map_ptr, calls=()) -> LaunchSpec:
+         stream_map_ptr, calls=(), pdl=False) -> LaunchSpec:
     """The launch of one prologue call: ``call`` a validated
     ``cuprope.qknorm.QkNormCall`` of q (``qi``) and k (``ki``), ``qo`` q's
     output, ``kv`` KvArgs by field name, ``fp8`` a sum of KV_FP8_Q and
     KV_FP8_CACHE, ``packs`` PrologueArgs.packs; ``calls`` the words
     Plan.run writes per call ((field, value index, addend), a field of
-    either struct by name)."""
+    either struct by name); ``pdl`` a programmatic dependent launch."""
     sms = sm_count(device)
     ins = [qi, ki]
     geo = qknorm_launch.geometry(call, ins, ins, False, sms)
@@ -57,7 +57,7 @@ def spec(call, qi, qo, ki, device, *, kv, fp8, packs, tokens, inv_freq_ptr,
               (PROLOGUE_ARGS, PROLOGUE_ARGS.pack(norm_blocks=geo.blocks, packs=packs))]
     return LaunchSpec(name, loader.prologue_family_of(call.dtype, fp8),
                       (geo.blocks + v_blocks, 1, 1), (qknorm_launch.THREADS, 1, 1), geo.smem,
-                      params, calls, vec=max(geo.vec, 1))
+                      params, calls, vec=max(geo.vec, 1), pdl=pdl)
 
 
 def vec_of(call, qi, ki, device) -> int:

@@ -33,6 +33,21 @@ ops are not differentiable either). Under ``torch.compile`` every call
 becomes the custom op ``cuprope::rope`` / ``cuprope::rope_qk``
 (``fullgraph=True`` traces through; ``stream=`` is a graph break).
 Under ``torch.no_grad()`` / ``inference_mode`` nothing changes.
+
+``enable_pdl=True`` (``rope_forward``, ``rope_qk_forward``; CUDA, compute
+capability 9.0 or newer) makes the launch a programmatic dependent launch,
+as serving engines launch their decode kernels under CUDA graphs: the kernel
+may start while the stream's previous kernel (say the GEMM that writes q and
+k) is still running; it reads positions and seq_offsets (and cuprope's own
+frequency and angle tables) first, then waits for that kernel before its
+first load of x / q / k and its first store. So positions and seq_offsets
+must be complete when the previous kernel starts (written by an earlier
+kernel, a copy or the host); the inputs may be written by the previous
+kernel itself. Off by default: cuprope cannot know who wrote the positions,
+so no automatic rule is safe. Results are the same bits. A GPU before sm_90
+is a ValueError, a driver without ``cuLaunchKernelEx`` (before CUDA 12) a
+RuntimeError; no effect on the NumPy backend; not under ``cuprope.jax``
+(jaxlib's kernel call takes no launch attributes).
 """
 from __future__ import annotations
 
@@ -45,16 +60,17 @@ __all__ = ["rope_forward", "rope_backward", "rope_qk_forward", "rope_qk_backward
 
 
 def rope_forward(x, config: RopeConfig, *, positions=None, offset: int = 0, seq_offsets=None,
-                 out=None, inplace: bool = False, stream=None):
+                 out=None, inplace: bool = False, stream=None, enable_pdl: bool = False):
     """Rotate ``x`` by its positions. Returns the rotated array (``x`` itself
-    when ``inplace``; ``out`` when given). See the module docstring for shapes.
-    Torch tensors that require grad: ``cuprope.torch.rope`` (differentiable)."""
+    when ``inplace``; ``out`` when given). See the module docstring for shapes
+    and ``enable_pdl``. Torch tensors that require grad: ``cuprope.torch.rope``
+    (differentiable)."""
     outs = None if out is None else (out,)
     if engaged(x, None, out):
         return _torch("rope_forward", (x,), ("x",), config, False, positions, offset,
-                      seq_offsets, outs, inplace, stream)[0]
+                      seq_offsets, outs, inplace, stream, enable_pdl)[0]
     return rope_call((x,), ("x",), config, False, positions, offset, seq_offsets, outs,
-                     inplace, stream)[0]
+                     inplace, stream, enable_pdl)[0]
 
 
 def rope_backward(grad_out, config: RopeConfig, *, positions=None, offset: int = 0,
@@ -71,17 +87,19 @@ def rope_backward(grad_out, config: RopeConfig, *, positions=None, offset: int =
 
 
 def rope_qk_forward(q, k, config: RopeConfig, *, positions=None, offset: int = 0,
-                    seq_offsets=None, out=None, inplace: bool = False, stream=None):
+                    seq_offsets=None, out=None, inplace: bool = False, stream=None,
+                    enable_pdl: bool = False):
     """Rotate q and k in one launch; cos/sin are computed once per (token, pair)
     and shared by every head of both. q and k share B, S (or T), D and dtype;
     their head counts may differ (GQA/MQA). ``out``: a (q_out, k_out) pair.
+    ``enable_pdl``: a programmatic dependent launch (module docstring).
     Returns (q_rotated, k_rotated). Torch tensors that require grad:
     ``cuprope.torch.rope_qk`` (differentiable)."""
     if engaged(q, k, out):
         return _torch("rope_qk_forward", (q, k), ("q", "k"), config, False, positions, offset,
-                      seq_offsets, pair(out), inplace, stream)
+                      seq_offsets, pair(out), inplace, stream, enable_pdl)
     return rope_call((q, k), ("q", "k"), config, False, positions, offset, seq_offsets,
-                     pair(out), inplace, stream)
+                     pair(out), inplace, stream, enable_pdl)
 
 
 def rope_qk_backward(grad_q, grad_k, config: RopeConfig, *, positions=None, offset: int = 0,
@@ -97,13 +115,13 @@ def rope_qk_backward(grad_q, grad_k, config: RopeConfig, *, positions=None, offs
 
 
 def _torch(name, xs, names, config, inverse, positions, offset, seq_offsets, outs, inplace,
-           stream):
+           stream, enable_pdl=False):
     """A call on torch tensors that torch_guard.engaged sent to the route of
     ``cuprope.rope.torch`` (imported only then)."""
     from .torch import route_rope
 
     def core():
         return rope_call(xs, names, config, inverse, positions, offset, seq_offsets, outs,
-                         inplace, stream)
+                         inplace, stream, enable_pdl)
     return route_rope(name, xs, config, inverse, positions, offset, seq_offsets, outs, inplace,
-                      stream, core)
+                      stream, core, enable_pdl)

@@ -43,6 +43,7 @@ import torch
 
 from .. import torch_route
 from .._core.engine import rope_call
+from .._core.validate import check_flag
 from ..config import RopeConfig, config_by_key
 from ..torch_guard import engaged
 from .table_call import table_call
@@ -80,17 +81,19 @@ def _zeros_if_none(g, like_meta):
 
 class RopeQKFunction(torch.autograd.Function):
     """autograd.Function: forward = rope_qk_forward, backward = rope_qk_backward.
-    ``apply(q, k, config, positions, offset, seq_offsets[, inverse])``:
-    ``inverse=True`` swaps the two (rope_qk_backward, differentiable)."""
+    ``apply(q, k, config, positions, offset, seq_offsets[, inverse[, enable_pdl]])``:
+    ``inverse=True`` swaps the two (rope_qk_backward, differentiable);
+    ``enable_pdl`` makes both launches programmatic dependent ones."""
 
     @staticmethod
-    def forward(ctx, q, k, config, positions, offset, seq_offsets, *inverse):
+    def forward(ctx, q, k, config, positions, offset, seq_offsets, *extra):
         ctx.config, ctx.offset = config, offset
-        ctx.inverse, ctx.n_extra = bool(inverse and inverse[0]), len(inverse)
+        ctx.inverse, ctx.n_extra = bool(extra and extra[0]), len(extra)
+        ctx.pdl = bool(extra[1]) if len(extra) > 1 else False
         ctx.save_for_backward(positions, seq_offsets)
         ctx.meta = ((q.shape, q.dtype, q.device), (k.shape, k.dtype, k.device))
         return _rotation((q.detach(), k.detach()), config, ctx.inverse, positions, offset,
-                         seq_offsets)
+                         seq_offsets, ctx.pdl)
 
     @staticmethod
     def backward(ctx, gq, gk):
@@ -98,34 +101,38 @@ class RopeQKFunction(torch.autograd.Function):
         gq = _zeros_if_none(gq, ctx.meta[0])
         gk = _zeros_if_none(gk, ctx.meta[1])
         dq, dk = _rotation((gq, gk), ctx.config, not ctx.inverse, positions, ctx.offset,
-                           seq_offsets)
+                           seq_offsets, ctx.pdl)
         return (dq, dk, None, None, None, None) + (None,) * ctx.n_extra
 
 
 class _RopeFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, config, positions, offset, seq_offsets, inverse):
-        ctx.config, ctx.offset, ctx.inverse = config, offset, inverse
+    def forward(ctx, x, config, positions, offset, seq_offsets, inverse, enable_pdl=False):
+        ctx.config, ctx.offset, ctx.inverse, ctx.pdl = config, offset, inverse, enable_pdl
         ctx.save_for_backward(positions, seq_offsets)
-        return _rotation((x.detach(),), config, inverse, positions, offset, seq_offsets)[0]
+        return _rotation((x.detach(),), config, inverse, positions, offset, seq_offsets,
+                         enable_pdl)[0]
 
     @staticmethod
     def backward(ctx, g):
         positions, seq_offsets = ctx.saved_tensors
         g = g if g.stride(-1) == 1 else g.contiguous()
         return (_rotation((g,), ctx.config, not ctx.inverse, positions, ctx.offset,
-                          seq_offsets)[0], None, None, None, None, None)
+                          seq_offsets, ctx.pdl)[0], None, None, None, None, None, None)
 
 
 # ---------------------------------------------------------------- custom ops
 
 
-def _register_qk_autograd(op):
-    """Autograd for a custom op ``op(q, k, *args, inverse) -> (q', k')`` whose
+def _register_qk_autograd(op, tail=0):
+    """Autograd for a custom op ``op(q, k, *args, inverse, *rest) -> (q', k')``
+    (``tail`` arguments after ``inverse``, passed on as they are) whose
     gradient is the same op with ``inverse`` flipped: tensor arguments (or
     None) are saved for the backward, the others kept as they are."""
     def setup(ctx, inputs, output):
-        q, k, *args, inverse = inputs
+        q, k, *args = inputs
+        args, inverse, ctx.rest = args[:len(args) - 1 - tail], args[len(args) - 1 - tail], \
+            tuple(args[len(args) - tail:])
         ctx.tensor_at = [i for i, a in enumerate(args) if a is None or isinstance(a, torch.Tensor)]
         ctx.save_for_backward(*(args[i] for i in ctx.tensor_at))
         ctx.args = [None if i in ctx.tensor_at else a for i, a in enumerate(args)]
@@ -137,8 +144,8 @@ def _register_qk_autograd(op):
         for i, t in zip(ctx.tensor_at, ctx.saved_tensors):
             args[i] = t
         dq, dk = op(_zeros_if_none(gq, ctx.meta[0]), _zeros_if_none(gk, ctx.meta[1]), *args,
-                    not ctx.inverse)
-        return (dq, dk) + (None,) * (len(args) + 1)
+                    not ctx.inverse, *ctx.rest)
+        return (dq, dk) + (None,) * (len(args) + 1 + len(ctx.rest))
 
     op.register_autograd(backward, setup_context=setup)
 
@@ -146,40 +153,45 @@ def _register_qk_autograd(op):
 @torch.library.custom_op("cuprope::rope_qk", mutates_args=())
 def _rope_qk_op(q: torch.Tensor, k: torch.Tensor, config_key: int,
                 positions: Optional[torch.Tensor], seq_offsets: Optional[torch.Tensor],
-                offset: int, inverse: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    return _rotation((q, k), _config(config_key), inverse, positions, offset, seq_offsets)
+                offset: int, inverse: bool,
+                enable_pdl: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    return _rotation((q, k), _config(config_key), inverse, positions, offset, seq_offsets,
+                     enable_pdl)
 
 
 @_rope_qk_op.register_fake
-def _(q, k, config_key, positions, seq_offsets, offset, inverse):
+def _(q, k, config_key, positions, seq_offsets, offset, inverse, enable_pdl=False):
     return torch.empty_like(q), torch.empty_like(k)
 
 
-_register_qk_autograd(_rope_qk_op)
+_register_qk_autograd(_rope_qk_op, tail=1)
 
 
 @torch.library.custom_op("cuprope::rope", mutates_args=())
 def _rope_op(x: torch.Tensor, config_key: int, positions: Optional[torch.Tensor],
-             seq_offsets: Optional[torch.Tensor], offset: int, inverse: bool) -> torch.Tensor:
-    return _rotation((x,), _config(config_key), inverse, positions, offset, seq_offsets)[0]
+             seq_offsets: Optional[torch.Tensor], offset: int, inverse: bool,
+             enable_pdl: bool = False) -> torch.Tensor:
+    return _rotation((x,), _config(config_key), inverse, positions, offset, seq_offsets,
+                     enable_pdl)[0]
 
 
 @_rope_op.register_fake
-def _(x, config_key, positions, seq_offsets, offset, inverse):
+def _(x, config_key, positions, seq_offsets, offset, inverse, enable_pdl=False):
     return torch.empty_like(x)
 
 
 def _setup(ctx, inputs, output):
-    x, config_key, positions, seq_offsets, offset, inverse = inputs
+    x, config_key, positions, seq_offsets, offset, inverse, *pdl = inputs
     ctx.save_for_backward(positions, seq_offsets)
-    ctx.args = (config_key, offset, inverse)
+    ctx.args = (config_key, offset, inverse, bool(pdl and pdl[0]))
 
 
 def _backward(ctx, g):
     positions, seq_offsets = ctx.saved_tensors
-    config_key, offset, inverse = ctx.args
+    config_key, offset, inverse, pdl = ctx.args
     g = g if g.stride(-1) == 1 else g.contiguous()
-    return _rope_op(g, config_key, positions, seq_offsets, offset, not inverse), None, None, None, None, None
+    return (_rope_op(g, config_key, positions, seq_offsets, offset, not inverse, pdl),
+            None, None, None, None, None, None)
 
 
 _rope_op.register_autograd(_backward, setup_context=_setup)
@@ -194,33 +206,39 @@ def _compiling() -> bool:
 
 def rope_qk(q: torch.Tensor, k: torch.Tensor, config: RopeConfig, *,
             positions: Optional[torch.Tensor] = None, offset: int = 0,
-            seq_offsets: Optional[torch.Tensor] = None):
-    """Differentiable fused q/k RoPE (shapes as ``cuprope.rope_qk_forward``).
-    Returns (q_rot, k_rot) as new tensors."""
-    return rotate((q, k), config, False, positions, offset, seq_offsets)
+            seq_offsets: Optional[torch.Tensor] = None, enable_pdl: bool = False):
+    """Differentiable fused q/k RoPE (shapes and ``enable_pdl`` as
+    ``cuprope.rope_qk_forward``). Returns (q_rot, k_rot) as new tensors."""
+    return rotate((q, k), config, False, positions, offset, seq_offsets, enable_pdl)
 
 
 def rope(x: torch.Tensor, config: RopeConfig, *, positions: Optional[torch.Tensor] = None,
-         offset: int = 0, seq_offsets: Optional[torch.Tensor] = None):
-    """Differentiable single-tensor RoPE (shapes as ``cuprope.rope_forward``)."""
-    return rotate((x,), config, False, positions, offset, seq_offsets)[0]
+         offset: int = 0, seq_offsets: Optional[torch.Tensor] = None, enable_pdl: bool = False):
+    """Differentiable single-tensor RoPE (shapes and ``enable_pdl`` as
+    ``cuprope.rope_forward``)."""
+    return rotate((x,), config, False, positions, offset, seq_offsets, enable_pdl)[0]
 
 
 def rotate(xs, config: RopeConfig, inverse: bool, positions=None, offset: int = 0,
-           seq_offsets=None):
+           seq_offsets=None, enable_pdl: bool = False):
     """``xs`` (x, or q and k) rotated, differentiably, as new tensors (a
     tuple like ``xs``): the forward rotation, or with ``inverse`` the
     transposed one (``rope_backward``; its gradient is the forward). The
     custom op under torch.compile, the autograd.Function eagerly. The core
-    functions route here for tensors that require grad (cuprope.torch_guard)."""
+    functions route here for tensors that require grad (cuprope.torch_guard).
+    ``enable_pdl``: programmatic dependent launches (``cuprope.rope.api``),
+    the gradient's too."""
     inverse, offset = bool(inverse), int(offset)
+    pdl = check_flag(enable_pdl, "enable_pdl")
     if len(xs) == 2:
         if _compiling():
-            return _rope_qk_op(xs[0], xs[1], _key(config), positions, seq_offsets, offset, inverse)
-        return RopeQKFunction.apply(xs[0], xs[1], config, positions, offset, seq_offsets, inverse)
+            return _rope_qk_op(xs[0], xs[1], _key(config), positions, seq_offsets, offset, inverse,
+                               pdl)
+        return RopeQKFunction.apply(xs[0], xs[1], config, positions, offset, seq_offsets, inverse,
+                                    pdl)
     if _compiling():
-        return (_rope_op(xs[0], _key(config), positions, seq_offsets, offset, inverse),)
-    return (_RopeFunction.apply(xs[0], config, positions, offset, seq_offsets, inverse),)
+        return (_rope_op(xs[0], _key(config), positions, seq_offsets, offset, inverse, pdl),)
+    return (_RopeFunction.apply(xs[0], config, positions, offset, seq_offsets, inverse, pdl),)
 
 
 # ---------------------------------------------------------------- HF drop-in (cos/sin tables)
@@ -344,7 +362,7 @@ _ROPE_NAMES = {(1, False): ("rope_forward", ("x",)), (1, True): ("rope_backward"
                (2, True): ("rope_qk_backward", ("grad_q", "grad_k"))}
 
 
-def _rotation(xs, config, inverse, positions, offset, seq_offsets):
+def _rotation(xs, config, inverse, positions, offset, seq_offsets, enable_pdl=False):
     """``xs`` rotated as ``cuprope.rope.api``'s function of that direction
     rotates them (new outputs; a tuple like ``xs``): the core call, or, where
     ``torch_guard.engaged`` says so, ``route_rope`` as that function would."""
@@ -352,10 +370,10 @@ def _rotation(xs, config, inverse, positions, offset, seq_offsets):
 
     def core():
         return rope_call(xs, names, config, inverse, positions, offset, seq_offsets, None, False,
-                         None)
+                         None, enable_pdl)
     if engaged(xs[0], xs[1] if len(xs) == 2 else None, None):
         return route_rope(name, xs, config, inverse, positions, offset, seq_offsets, None, False,
-                          None, core)
+                          None, core, enable_pdl)
     return core()
 
 
@@ -376,7 +394,7 @@ def _table_rotation(q, k, cos, sin, layout, interleaved, inverse):
 
 
 def route_rope(name, xs, config, inverse, positions, offset, seq_offsets, outs, inplace, stream,
-               core):
+               core, enable_pdl=False):
     """``cuprope.rope.api``'s four functions on torch tensors the guard
     stopped: the adapter is ``rotate`` (``cuprope.torch.rope`` / ``rope_qk``,
     with the inverse rotation for the backward functions, whose own gradient
@@ -384,7 +402,7 @@ def route_rope(name, xs, config, inverse, positions, offset, seq_offsets, outs, 
     targets, kind = torch_route.targets_of(xs, outs, inplace)
 
     def adapter():
-        return rotate(xs, config, inverse, positions, offset, seq_offsets)
+        return rotate(xs, config, inverse, positions, offset, seq_offsets, enable_pdl)
 
     return torch_route.call(name, xs, targets, kind, core, adapter,
                             "cuprope.torch.rope_qk(q, k, config, ...)" if len(xs) == 2
