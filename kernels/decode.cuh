@@ -43,16 +43,17 @@ __device__ __forceinline__ void load_row(long long ptr, long long off, float (&o
 
 // A load of `ptr[i]` through the read-only path where `on`, else 0: a
 // predicated instruction, never a branch around it (the compiler branches
-// around a plain `on ? ptr[i] : 0`).
+// around a plain `on ? ptr[i] : 0`). One line of PTX: a closing brace on a line
+// of its own would end a kernel's body for tools that read the PTX.
 __device__ __forceinline__ long long load_if(bool on, const long long* ptr, long long i) {
   long long v = 0;
-  asm("{\n .reg .pred q;\n setp.ne.u32 q, %2, 0;\n @q ld.global.nc.s64 %0, [%1];\n}"
+  asm("{ .reg .pred q; setp.ne.u32 q, %2, 0; @q ld.global.nc.s64 %0, [%1]; }"
       : "+l"(v) : "l"(ptr + i), "r"(static_cast<unsigned>(on)));
   return v;
 }
 __device__ __forceinline__ long long load_if(bool on, const int* ptr, long long i) {
   int v = 0;
-  asm("{\n .reg .pred q;\n setp.ne.u32 q, %2, 0;\n @q ld.global.nc.s32 %0, [%1];\n}"
+  asm("{ .reg .pred q; setp.ne.u32 q, %2, 0; @q ld.global.nc.s32 %0, [%1]; }"
       : "+r"(v) : "l"(ptr + i), "r"(static_cast<unsigned>(on)));
   return v;
 }
