@@ -10,7 +10,8 @@
 // (k, i·tz + z). Every index is a block or thread index, chosen by selects:
 // no division and no branch before the first loads (at a kernel's start a
 // branch waits for its constant and for its target's instructions). The
-// thread issues the position load and its q/k packs first, then reads its
+// thread issues the position load first, waits for the stream's previous
+// grid (a no-op unless launched with enable_pdl), loads its q/k packs and its
 // chunk's cos/sin from a row of an fp32 table (four 16-byte loads for 16-bit
 // VEC 8), rotates and stores: two dependent loads.
 //

@@ -127,30 +127,40 @@ PROLOGUE_CASES = {
 }
 
 
-@pytest.mark.parametrize("case", sorted(PROLOGUE_CASES))
-def test_prologue_repeat_launches_a_fresh_plans_words_with_the_new_pointers(fake_gpu, case,
-                                                                           monkeypatch):
-    kw0 = PROLOGUE_CASES[case]
-    specs = count_calls(monkeypatch, pro_api, "_spec")
-    checked = count_calls(monkeypatch, pro_api, "QkNormCall")
-    cfg = cfg_thd()
-    first = prologue_args(1, **kw0)
-    pro_api.qk_norm_rope_append_kv(*first[:3], cfg, first[3], **first[4])
+def _repeat_launches_a_fresh_plans_words(fake_gpu, monkeypatch, api, op, checked_name,
+                                          make_cfg, make_args, out_name, kw0):
+    """A repeated call of ``op`` (``api``'s) takes the fast path: no new
+    spec, no validation (``checked_name`` counted), and its launch's words
+    equal those of a fresh config's plan for the same arrays and of the
+    registered plan run by the general path (stream=)."""
+    specs = count_calls(monkeypatch, api, "_spec")
+    checked = count_calls(monkeypatch, api, checked_name)
+    cfg = make_cfg()
+    first = make_args(1, **kw0)
+    op(*first[:3], cfg, first[3], **first[4])
     assert len(specs) == len(checked) == 1 and len(fake_gpu) == 1
-    q, k, v, pos, kw = prologue_args(2, **kw0)
-    out = pro_api.qk_norm_rope_append_kv(q, k, v, cfg, pos, **kw)
-    assert out is kw.get("q_out", q)
+    x, k, v, pos, kw = make_args(2, **kw0)
+    out = op(x, k, v, cfg, pos, **kw)
+    assert out is kw.get(out_name, x)
     assert len(specs) == len(checked) == 1, "the repeated call took the general path"
     fast = fake_gpu[-1]
     assert fast[5] == 1000 and fast[4] != fake_gpu[0][4]
     # a fresh plan for the same arrays (a new config: nothing registered)
-    pro_api.qk_norm_rope_append_kv(q, k, v, cfg_thd(), pos, **kw)
+    op(x, k, v, make_cfg(), pos, **kw)
     assert len(specs) == 2 and fake_gpu[-1][5] == 55
     assert same_launch(fast, fake_gpu[-1]), "the fast path's words differ from a fresh plan's"
     # ... and from the plan registered first, run by the general path (stream=)
-    pro_api.qk_norm_rope_append_kv(q, k, v, cfg, pos, stream=77, **kw)
+    op(x, k, v, cfg, pos, stream=77, **kw)
     assert len(specs) == 2 and len(checked) == 3 and fake_gpu[-1][5] == 77
     assert same_launch(fast, fake_gpu[-1])
+
+
+@pytest.mark.parametrize("case", sorted(PROLOGUE_CASES))
+def test_prologue_repeat_launches_a_fresh_plans_words_with_the_new_pointers(fake_gpu, case,
+                                                                           monkeypatch):
+    _repeat_launches_a_fresh_plans_words(fake_gpu, monkeypatch, pro_api,
+                                         pro_api.qk_norm_rope_append_kv, "QkNormCall", cfg_thd,
+                                         prologue_args, "q_out", PROLOGUE_CASES[case])
 
 
 def test_prologue_changes_take_the_general_path_then_are_fast(fake_gpu, monkeypatch):
@@ -290,25 +300,9 @@ MLA_CASES = {
 @pytest.mark.parametrize("case", sorted(MLA_CASES))
 def test_mla_repeat_launches_a_fresh_plans_words_with_the_new_pointers(fake_gpu, case,
                                                                       monkeypatch):
-    kw0 = MLA_CASES[case]
-    specs = count_calls(monkeypatch, mla_api, "_spec")
-    checked = count_calls(monkeypatch, mla_api, "_caches")
-    cfg = deepseek()
-    first = mla_args(1, **kw0)
-    mla_api.rope_append_mla(*first[:3], cfg, first[3], **first[4])
-    assert len(specs) == len(checked) == 1 and len(fake_gpu) == 1
-    q_pe, k_pe, ckv, pos, kw = mla_args(2, **kw0)
-    out = mla_api.rope_append_mla(q_pe, k_pe, ckv, cfg, pos, **kw)
-    assert out is kw.get("q_pe_out", q_pe)
-    assert len(specs) == len(checked) == 1, "the repeated call took the general path"
-    fast = fake_gpu[-1]
-    assert fast[5] == 1000 and fast[4] != fake_gpu[0][4]
-    mla_api.rope_append_mla(q_pe, k_pe, ckv, deepseek(), pos, **kw)
-    assert len(specs) == 2 and fake_gpu[-1][5] == 55
-    assert same_launch(fast, fake_gpu[-1]), "the fast path's words differ from a fresh plan's"
-    mla_api.rope_append_mla(q_pe, k_pe, ckv, cfg, pos, stream=77, **kw)
-    assert len(specs) == 2 and len(checked) == 3 and fake_gpu[-1][5] == 77
-    assert same_launch(fast, fake_gpu[-1])
+    _repeat_launches_a_fresh_plans_words(fake_gpu, monkeypatch, mla_api, mla_api.rope_append_mla,
+                                         "_caches", deepseek, mla_args, "q_pe_out",
+                                         MLA_CASES[case])
 
 
 def test_mla_changes_threads_and_refusals(fake_gpu, monkeypatch):

@@ -108,6 +108,11 @@ class Entry:
         exec(f"def variant(p):\n    return ({terms})\n", ns)  # noqa: S102 - integers only
         self.variant = ns["variant"]
 
+    def launch(self, ptrs):
+        """The launch registered for these pointers' differences, or None
+        (fast_call makes the same lookup inline)."""
+        return self.variants.get(self.variant(ptrs) if self.guards else ())
+
 
 def ticket(fw, header, arrays, pairs=()):
     """(key, ptrs, pairs) of a call whose arrays are all of ``fw``'s framework
@@ -147,18 +152,14 @@ def registered(plans, tkt):
     if tkt is None:
         return None
     entry = plans.get(tkt[0])
-    if entry is None:
-        return None
-    return entry.variants.get(entry.variant(tkt[1]) if entry.guards else ())
+    return None if entry is None else entry.launch(tkt[1])
 
 
 def lookup(plans, key, ptrs, current_device):
     """The launch registered for this key and these pointers, or None (also
     when another device is current)."""
     entry = plans.get(key)
-    if entry is None:
-        return None
-    hit = entry.variants.get(entry.variant(ptrs) if entry.guards else ())
+    hit = None if entry is None else entry.launch(ptrs)
     if hit is None or current_device() != hit.device:
         return None
     return hit
