@@ -150,6 +150,9 @@ class Liger:
 
 
 def liger_available(run):
+    if run.dry:  # Liger's rope is a Triton kernel: GPU tensors only
+        run.note("liger-rope rows skipped: a dry run is on the CPU")
+        return False
     try:
         import liger_kernel.transformers  # noqa: F401
     except Exception as e:  # not installed, or no Triton (a CPU machine)

@@ -52,17 +52,26 @@ def test_static_cache_generate_with_cuda_graphs(family):
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_inductor_compiles_the_patched_model(family):
     """torch.compile(fullgraph=True) with inductor: logits (and, but for the
-    hybrid models, the lm_head gradient) within TOL of the eager patched model."""
+    hybrid models, the lm_head gradient) within TOL of the eager patched
+    model; for the rotation-only families (bit for bit with transformers'
+    eager model), of transformers' own model compiled the same way: the
+    tighter TOL is exceeded by inductor's fusions of the rest alone (0.047 of
+    the largest logit for the tiny Llama on an H200)."""
     torch._dynamo.reset()
     model = ctorch.patch_hf(tiny_model(family, torch.bfloat16, seed=4, device="cuda").train())
+    ref = model
+    if family in ROPE_ONLY:
+        ref = torch.compile(tiny_model(family, torch.bfloat16, seed=4, device="cuda").train(),
+                            fullgraph=True)
     ids = torch.randint(0, 128, (2, 11), generator=torch.Generator().manual_seed(4)).cuda()
     compiled = torch.compile(model, fullgraph=True)
     tol = TOL[torch.bfloat16] * (1 if family in ROPE_ONLY else 2)
     with torch.set_grad_enabled(family not in HYBRID):
-        want = model(ids, use_cache=False).logits
+        want = ref(ids, use_cache=False).logits
         have = compiled(ids, use_cache=False).logits
         assert (have.float() - want.float()).abs().max() <= tol * want.float().abs().max()
         if family not in HYBRID:
-            gw, = torch.autograd.grad(want.float().sum(), model.lm_head.weight)
+            w = getattr(ref, "_orig_mod", ref).lm_head.weight
+            gw, = torch.autograd.grad(want.float().sum(), w)
             gh, = torch.autograd.grad(have.float().sum(), model.lm_head.weight)
             assert (gh.float() - gw.float()).abs().max() <= tol * gw.float().abs().max()
