@@ -52,14 +52,15 @@ def tiny_config(model_type, **over):
         return AutoConfig.for_model(model_type, **kw)
 
 
-def tiny_model(model_type, dtype, seed=0, device="cpu", attn="sdpa"):
+def tiny_model(model_type, dtype, seed=0, device="cpu", attn="sdpa", **over):
     """A tiny model of ``model_type`` built in ``dtype`` (its rotary tables
     stay fp32, as from_pretrained leaves them), every parameter N(0, 0.5²)
-    (HF initialises some to ones or zeros), in eval mode."""
+    (HF initialises some to ones or zeros), in eval mode; ``over``: config
+    fields beyond the family's."""
     import torch
     from transformers import AutoModelForCausalLM
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(tiny_config(model_type), attn_implementation=attn,
+    model = AutoModelForCausalLM.from_config(tiny_config(model_type, **over), attn_implementation=attn,
                                              dtype=dtype).to(device)
     with torch.no_grad():
         for p in model.parameters():

@@ -146,12 +146,7 @@ def llama4_rope(norm, hf_apply, hf_rotary, config):
     the fallback."""
     def apply_rotary_emb_cuprope(xq, xk, freqs_cis):
         pos = freqs_cis
-        # torch.compile (inductor) of a 16-bit Llama 4 on the GPU whose layers call the
-        # fused op gave wrong logits (fp32, the CPU, aot_eager, eager and the op alone are
-        # right; the cause is not found): transformers' own rotation while compiling those
-        if (_is_positions(pos) and _pair_fits(xq, xk) and pos.device == xq.device
-                and not (xq.is_cuda and xq.dtype != torch.float32
-                         and torch.compiler.is_compiling())):
+        if _is_positions(pos) and _pair_fits(xq, xk) and pos.device == xq.device:
             pos = _positions(pos, xq.shape[0])
             if norm is None:
                 return rope_qk(xq, xk, config, positions=pos)
