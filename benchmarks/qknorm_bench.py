@@ -73,7 +73,9 @@ def unfused(q, k, wq, wk, cfg, eps):
 def measure(b, s, hq, hk, d, dt, reps=30):
     """Seconds per call (CUDA-event medians) of one prefill shape: ``copy_f`` /
     ``copy_b`` (copies of the forward's and the backward's bytes, ``bytes_f`` /
-    ``bytes_b``), ``fwd`` / ``bwd`` (cuprope.qknorm's raw calls); under torch
+    ``bytes_b``), ``fwd`` / ``bwd`` (cuprope.qknorm's raw calls), ``fwd_tab`` /
+    ``bwd_tab`` (the same with HF's cos/sin tables and Qwen3's rounding, as
+    ``cuprope.torch.patch_hf`` calls it); under torch
     autograd, forward only (``*_f``) and forward + backward (``*_fb``) of
     ``fused`` (cuprope.torch.rope_qk_norm), ``hf`` (torch.compile of HF's Qwen3
     block), ``unf`` (torch RMSNorm, then cuprope RoPE) and ``liger`` (if
@@ -110,6 +112,17 @@ def measure(b, s, hq, hk, d, dt, reps=30):
         qknorm.rope_qk_norm_backward(*sets[j], *grads[j], cfg, q_weight=wq, k_weight=wk,
                                      eps=eps, out=dxs[j])
 
+    hf_kw = dict(q_weight=wq, k_weight=wk, eps=eps, tables=(cos, sin),
+                 rounding="cast_then_weight")
+
+    def fwd_tab():  # what cuprope.torch.patch_hf runs in a Qwen3: HF's tables, its rounding
+        j = nxt()
+        qknorm.rope_qk_norm_forward(*sets[j], cfg, out=outs[j], **hf_kw)
+
+    def bwd_tab():
+        j = nxt()
+        qknorm.rope_qk_norm_backward(*sets[j], *grads[j], cfg, out=dxs[j], **hf_kw)
+
     def autograd_step(fn):
         leaves = [(q.detach().requires_grad_(), k.detach().requires_grad_()) for q, k in sets]
         wl = (wq.detach().requires_grad_(), wk.detach().requires_grad_())
@@ -133,7 +146,8 @@ def measure(b, s, hq, hk, d, dt, reps=30):
     lg = liger_block()
     timers = dict(
         copy_f=lambda: dst[:qk_bytes].copy_(src[:qk_bytes]), copy_b=lambda: dst.copy_(src),
-        fwd=fwd, bwd=bwd, fused_f=fwd_only(fused_fn), fused_fb=autograd_step(fused_fn),
+        fwd=fwd, bwd=bwd, fwd_tab=fwd_tab, bwd_tab=bwd_tab, fused_f=fwd_only(fused_fn),
+        fused_fb=autograd_step(fused_fn),
         hf_f=fwd_only(hf_fn), hf_fb=autograd_step(hf_fn), unf_f=fwd_only(unf_fn),
         unf_fb=autograd_step(unf_fn))
     if lg is not None:

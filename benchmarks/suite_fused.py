@@ -23,7 +23,8 @@ def qknorm(ctx):
         shape = f"B {b} S {s} Hq {hq} Hk {hk} D {d}"
         for dt in ctx.dts(("bf16",) if ctx.quick else ("bf16", "fp16", "fp32")):
             t = qb.measure(b, s, hq, hk, d, qb.DTYPES[dt], reps=reps)
-            for own in ("fwd", "bwd", "copy_f", "copy_b", "fused_f", "fused_fb"):
+            for own in ("fwd", "bwd", "fwd_tab", "bwd_tab", "copy_f", "copy_b", "fused_f",
+                        "fused_fb"):
                 if own + "_error" in t:
                     raise RuntimeError(f"qknorm {name} {dt} {own}: {t[own + '_error']}")
             ev = f"CUDA events, median of {reps}"
@@ -31,7 +32,13 @@ def qknorm(ctx):
                 rows += [make("qknorm", op, name, dt, "copy", t["copy_" + sfx] * 1e6, shape=shape,
                               nbytes=nb, note=ev),
                          make("qknorm", op, name, dt, "cuprope", t[op] * 1e6, shape=shape,
-                              nbytes=nb, note=ev + "; cuprope.qknorm raw call")]
+                              nbytes=nb, note=ev + "; cuprope.qknorm raw call"),
+                         make("qknorm", op + " hf-tables", name, dt, "copy",
+                              t["copy_" + sfx] * 1e6, shape=shape, nbytes=nb, note=ev),
+                         make("qknorm", op + " hf-tables", name, dt, "cuprope",
+                              t[op + "_tab"] * 1e6, shape=shape, nbytes=nb,
+                              note=ev + "; raw call with HF's cos/sin tables and Qwen3's "
+                                        "rounding (what patch_hf runs)")]
             for op, sfx in (("fwd autograd", "_f"), ("fwd+bwd autograd", "_fb")):
                 rows.append(make("qknorm", op, name, dt, "cuprope", t["fused" + sfx] * 1e6,
                                  shape=shape, note=ev + "; cuprope.torch.rope_qk_norm"))

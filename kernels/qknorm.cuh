@@ -31,7 +31,8 @@
 // before the norm for rope_then_norm), as HF's modules hand tensors on; with
 // the caller's cos/sin tables the rotation is rotate_table's (PyTorch's
 // roundings). The backward: exact with rounding 0; in the model modes the
-// gradient autograd forms op by op (unit_backward_model; qknorm_kernel only).
+// gradient autograd forms op by op (unit_backward_model, and per lane's row
+// row_backward_model in qknorm_rows_kernel's MODEL instantiation).
 #pragma once
 
 #include "common.cuh"
@@ -639,6 +640,124 @@ __device__ __forceinline__ void row_backward_store(const QkNormArgs& a, const Ro
   if (u.on) store_vals<T, VEC>(a.r.out_ptr[u.t], u.out_off, e0, e1, x);
 }
 
+// The model modes (qknorm_rows_kernel<..., MODEL = true>). With the caller's
+// tables, the warp's slice holds the token's cos row then its sin row in T
+// (table_rows); a lane's four packs of it (cos at e0 | e1, then sin) are
+// read where they are used (lane_table).
+template <typename T, int VEC>
+__device__ __forceinline__ void table_rows(const QkNormArgs& a, T* tsm, unsigned b, unsigned s,
+                                           int lane, int rd) {
+  const long long toff = b * a.r.pos_sb + s * a.r.pos_ss;
+  for (int p = lane * VEC; p < 2 * rd; p += 32 * VEC) {
+    const bool sn = p >= rd;
+    *reinterpret_cast<Pack<T, VEC>*>(tsm + p) =
+        load_pack<T, VEC>(sn ? a.r.seq_off_ptr : a.r.pos_ptr, toff + (sn ? p - rd : p));
+  }
+}
+
+template <typename T, int VEC>
+__device__ __forceinline__ void lane_table(const T* tsm, int rd, int e0, int e1,
+                                           Pack<T, VEC> (&tcs)[4]) {
+#pragma unroll
+  for (int m = 0; m < 4; ++m)
+    tcs[m] = *reinterpret_cast<const Pack<T, VEC>*>(tsm + (m >> 1) * rd + ((m & 1) ? e1 : e0));
+}
+
+// The forward with the caller's tables: the norm's T values rotated by
+// rotate_table (HF's formula with PyTorch's roundings).
+template <typename T, bool INTERLEAVED, int VEC, class Sink>
+__device__ __forceinline__ void row_forward_table(const QkNormArgs& a, const RowUnit& u,
+                                                  float (&x)[2][VEC], const float (&w)[2][VEC],
+                                                  const T* tsm, int rd, float r, bool has_w,
+                                                  int e0, int e1, const Sink& sink) {
+  Pack<T, VEC> p[2];
+#pragma unroll
+  for (int k = 0; k < 2; ++k) {
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) x[k][i] = norm_value<T>(a, has_w, x[k][i], r, w[k][i]);
+    pack_f32<T, VEC>(x[k], p[k]);
+  }
+  Pack<T, VEC> tcs[4];
+  lane_table<T, VEC>(tsm, rd, e0, e1, tcs);
+  rotate_table<T, INTERLEAVED, VEC>(p[0], p[1], tcs, tcs + 2, false);
+  unpack_f32<T, VEC>(p[0], x[0]);
+  unpack_f32<T, VEC>(p[1], x[1]);
+  if (u.on) sink.template vals<T, VEC>(a, u.t, u.b, u.s, u.hh, u.out_off, e0, e1, x);
+}
+
+// The model modes' backward of the lane's row: unit_backward_model's
+// arithmetic on v (the norm's input) and g (dy), the head's dr a segmented
+// shuffle over its cpr lanes (its own sum order: within an fp32 rounding of
+// the general kernel's), the dw terms added to the lane's columns of my_row.
+template <typename T, bool INTERLEAVED, int VEC>
+__device__ __forceinline__ void row_backward_model(
+    const QkNormArgs& a, const RowUnit& u, const float (&v)[2][VEC], float (&g)[2][VEC],
+    const float (&w)[2][VEC], const float2 (&csv)[VEC], const T* tsm, bool tab, float r,
+    bool has_w, float fd, int c, int cpr, int sub, float* my_row, int e0, int e1) {
+  const int rd = 2 * (e1 - e0);  // e1 = e0 + R/2
+  if (!a.rope_first) {  // dn: the rotation's backward of dy, in T
+    if (tab) {
+      Pack<T, VEC> p[2], tcs[4];
+      pack_f32<T, VEC>(g[0], p[0]);
+      pack_f32<T, VEC>(g[1], p[1]);
+      lane_table<T, VEC>(tsm, rd, e0, e1, tcs);
+      rotate_table<T, INTERLEAVED, VEC>(p[0], p[1], tcs, tcs + 2, true);
+      unpack_f32<T, VEC>(p[0], g[0]);
+      unpack_f32<T, VEC>(p[1], g[1]);
+    } else {
+      rotate_vals<INTERLEAVED, VEC>(g, csv, -1.f);
+#pragma unroll
+      for (int k = 0; k < 2; ++k)
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) g[k][i] = round_to<T>(g[k][i]);
+    }
+  }
+  // dn (times w'), its dw terms straight into the lane's columns, dr
+  float dr = 0.f;
+#pragma unroll
+  for (int k = 0; k < 2; ++k)
+#pragma unroll
+    for (int i = 0; i < VEC; i += 4) {
+      float term[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        float& dn = g[k][i + j];
+        const float n = mul_exact(v[k][i + j], r);
+        term[j] = 0.f;
+        if (has_w) {
+          if (a.rounding == 1) {
+            term[j] = round_to<T>(mul_exact(dn, round_to<T>(n)));
+            dn = round_to<T>(mul_exact(dn, round_to<T>(w[k][i + j])));
+          } else {
+            term[j] = mul_exact(dn, n);
+            dn = mul_exact(dn, w[k][i + j]);
+          }
+        }
+        dr = add_exact(dr, mul_exact(dn, v[k][i + j]));
+      }
+      if (u.on && has_w) {
+        float4& dw = *reinterpret_cast<float4*>(my_row + a.w_col[u.t] + (k ? e1 : e0) + i);
+        float4 v4 = dw;
+        v4.x = add_exact(v4.x, term[0]);
+        v4.y = add_exact(v4.y, term[1]);
+        v4.z = add_exact(v4.z, term[2]);
+        v4.w = add_exact(v4.w, term[3]);
+        dw = v4;
+      }
+    }
+  dr = seg_sum(dr, c, cpr, sub * cpr);
+  const float du = mul_exact(mul_exact(-0.5f, dr), mul_exact(mul_exact(r, r), r));
+  const float dsq = __fdiv_rn(du, fd);
+#pragma unroll
+  for (int k = 0; k < 2; ++k)
+#pragma unroll
+    for (int i = 0; i < VEC; ++i)
+      g[k][i] = round_to<T>(
+          add_exact(mul_exact(g[k][i], r), mul_exact(dsq, mul_exact(2.f, v[k][i]))));
+  if (a.rope_first) rotate_vals<INTERLEAVED, VEC>(g, csv, -1.f);
+  if (u.on) store_vals<T, VEC>(a.r.out_ptr[u.t], u.out_off, e0, e1, g);
+}
+
 // w' of the lane's columns of tensor t (float4 reads: e0, e1 and d are
 // multiples of VEC >= 4, the slices before wsm whole float4s).
 template <int VEC>
@@ -696,11 +815,15 @@ __device__ __forceinline__ float row_rsqrt(const float (&x)[2][VEC], int c, int 
 // The fast path's body (qknorm_rows_kernel and its flat entry).
 // (``grid``, ``sink`` as in qknorm_body; the backward's partial rows assume
 // the whole grid.)
+// MODEL: the model modes' kernel (a model rounding; the caller's cos/sin
+// tables or computed angles; backward: row_backward_model), else the exact
+// mode's (forward: any rounding, computed angles).
 template <typename T, bool INTERLEAVED, int VEC, bool BWD, class Grid = WholeGrid,
-          class Sink = QkOutSink>
+          class Sink = QkOutSink, bool MODEL = false>
 __device__ __forceinline__ void qknorm_rows_body(const QkNormArgs& a, const Grid& grid = Grid{},
                                                  const Sink& sink = Sink{}) {
-  // [warps][npairs] cos/sin, then w' of q and k [2][D]; BWD: then [warps * rpw][part_cols]
+  // [warps][npairs · kSlice] cos/sin, then w' of q and k [2][D];
+  // BWD: then [warps * rpw][part_cols]
   extern __shared__ float2 qk_cs[];
   const int lane = threadIdx.x & 31, wib = threadIdx.x >> 5;
   const int npairs = static_cast<int>(a.r.rot_dim >> 1);
@@ -712,14 +835,16 @@ __device__ __forceinline__ void qknorm_rows_body(const QkNormArgs& a, const Grid
   const float fd = static_cast<float>(a.r.head_dim), inv_d = 1.f / fd;
   const bool pow2_d = (a.r.head_dim & (a.r.head_dim - 1)) == 0;
   const float eps = static_cast<float>(a.eps);
-  float2* cs = qk_cs + wib * npairs;
+  // the slice: npairs float2 (MODEL with fp32 tables: the two rows need twice that)
+  constexpr int kSlice = (MODEL && sizeof(T) == 4) ? 2 : 1;
+  float2* cs = qk_cs + wib * npairs * kSlice;
   const int e0 = c * VEC, e1 = e0 + npairs;
   const ChunkPairs<INTERLEAVED, VEC> pair_at{e0, e1};
   const long long warp = static_cast<long long>(blockIdx.x) * (blockDim.x >> 5) + wib;
   const long long n_warps = static_cast<long long>(grid.blocks()) * (blockDim.x >> 5);
   const long long tokens = a.r.n_batch * a.r.n_seq;
   const int d = static_cast<int>(a.r.head_dim);
-  float* wsm = reinterpret_cast<float*>(qk_cs + (blockDim.x >> 5) * npairs);  // w' [2][D]
+  float* wsm = reinterpret_cast<float*>(qk_cs + (blockDim.x >> 5) * npairs * kSlice);  // w' [2][D]
   for (int i = threadIdx.x; i < 2 * d; i += blockDim.x) wsm[i] = head_weight(a, i / d, i % d);
   // BWD: the lane's dw terms go to its columns of row wib * rpw + sub (zeroed first)
   [[maybe_unused]] float* rows = wsm + 2 * d;
@@ -771,6 +896,8 @@ __device__ __forceinline__ void qknorm_rows_body(const QkNormArgs& a, const Grid
   };
   __syncthreads();
   sink.ready();  // (after the weights' loads)
+  const bool tab = MODEL && a.table;  // the caller's tables: their rows in the slice
+  [[maybe_unused]] T* tsm = reinterpret_cast<T*>(cs);
   long long pos0 = 0;
   long long item = warp;
   int step = 0, step_end = 0;
@@ -783,7 +910,10 @@ __device__ __forceinline__ void qknorm_rows_body(const QkNormArgs& a, const Grid
   }
   while (item < items) {
     const RowUnit u = unit_at(b, s, step);
-    if (fresh) {  // the token's cos/sin (its first loads are in flight)
+    if (fresh && tab) {  // the token's table rows: cos at pos_ptr, sin at seq_off_ptr
+      table_rows<T, VEC>(a, tsm, b, s, lane, 2 * npairs);
+      __syncwarp();
+    } else if (fresh) {  // the token's cos/sin (its first loads are in flight)
       pos0 = a.r.stream_map_ptr ? 0 : token_position(a.r, b, s, 0);
       if (!a.r.freq_sh) {
         for (int p = lane; p < npairs; p += 32)
@@ -802,7 +932,7 @@ __device__ __forceinline__ void qknorm_rows_body(const QkNormArgs& a, const Grid
     RowPacks<T, VEC, BWD> nxt;
     if (nitem < items) load_unit(unit_at(nb, ns, nstep), nxt);
     float2 csv[VEC];
-    chunk_cos_sin<INTERLEAVED, VEC>(a, cs, cpr, c, u, pair_at, pos0, csv);
+    if (!tab) chunk_cos_sin<INTERLEAVED, VEC>(a, cs, cpr, c, u, pair_at, pos0, csv);
     const int t = u.t;
     float x[2][VEC] = {}, g[2][VEC] = {};  // forward: x; backward: x and dy
     if (u.on) {
@@ -814,7 +944,7 @@ __device__ __forceinline__ void qknorm_rows_body(const QkNormArgs& a, const Grid
     }
     if (a.rope_first) {
       rotate_vals<INTERLEAVED, VEC>(x, csv, 1.f);
-      if (!BWD && a.rounding) {
+      if ((!BWD || MODEL) && a.rounding) {  // the model modes' rounding of R x
 #pragma unroll
         for (int k = 0; k < 2; ++k)
 #pragma unroll
@@ -826,7 +956,15 @@ __device__ __forceinline__ void qknorm_rows_body(const QkNormArgs& a, const Grid
     float w[2][VEC];
     lane_weights<VEC>(wsm, t, d, e0, e1, w);
     if constexpr (!BWD) {
-      row_forward<T, INTERLEAVED, VEC>(a, u, x, w, csv, r, has_w, e0, e1, sink);
+      if (tab) {
+        row_forward_table<T, INTERLEAVED, VEC>(a, u, x, w, tsm, 2 * npairs, r, has_w, e0, e1,
+                                               sink);
+      } else {
+        row_forward<T, INTERLEAVED, VEC>(a, u, x, w, csv, r, has_w, e0, e1, sink);
+      }
+    } else if constexpr (MODEL) {
+      row_backward_model<T, INTERLEAVED, VEC>(a, u, x, g, w, csv, tsm, tab, r, has_w, fd, c, cpr,
+                                              sub, my_row, e0, e1);
     } else {
       const float mean =
           row_backward_mean<INTERLEAVED, VEC>(a, x, g, w, csv, r, inv_d, c, cpr, sub);
@@ -863,10 +1001,10 @@ __host__ __device__ constexpr int qknorm_rows_min_blocks() {
   return BWD ? CUPROPE_QKNORM_MIN_BLOCKS_BWD : CUPROPE_QKNORM_MIN_BLOCKS;
 }
 
-template <typename T, bool INTERLEAVED, int VEC, bool BWD>
+template <typename T, bool INTERLEAVED, int VEC, bool BWD, bool MODEL = false>
 __global__ void __launch_bounds__(kQkThreads, qknorm_rows_min_blocks<BWD>())
     qknorm_rows_kernel(const QkNormArgs a) {
-  qknorm_rows_body<T, INTERLEAVED, VEC, BWD>(a);
+  qknorm_rows_body<T, INTERLEAVED, VEC, BWD, WholeGrid, QkOutSink, MODEL>(a);
 }
 
 template <typename T, int VEC>

@@ -4,8 +4,9 @@
 // 8-byte parameter per QkNormArgs word, the parameter list and the struct's
 // words generated from its field list (cuprope/_core/args.py QKNORM_ARGS) as
 // CUPROPE_FLAT_QKNORM_PARAMS / _WORDS. VEC 0 is qknorm_kernel's body, VEC > 0
-// qknorm_rows_kernel's (the fast path at that pack width). The bodies'
-// dynamic shared memory starts after the struct (both launchers budget for it).
+// qknorm_rows_kernel's (the fast path at that pack width; MODEL as there).
+// The bodies' dynamic shared memory starts after the struct (both launchers
+// budget for it).
 #pragma once
 
 #include "flat.cuh"
@@ -22,7 +23,7 @@ __host__ __device__ constexpr int qknorm_flat_min_blocks() {
 }
 
 #ifdef CUPROPE_FLAT_QKNORM_PARAMS
-template <typename T, bool INTERLEAVED, int VEC, bool BWD>
+template <typename T, bool INTERLEAVED, int VEC, bool BWD, bool MODEL = false>
 __global__ void __launch_bounds__(256, qknorm_flat_min_blocks<VEC, BWD>())
     qknorm_flat_kernel(CUPROPE_FLAT_QKNORM_PARAMS) {
   const long long words[] = {CUPROPE_FLAT_QKNORM_WORDS};
@@ -31,7 +32,7 @@ __global__ void __launch_bounds__(256, qknorm_flat_min_blocks<VEC, BWD>())
   if constexpr (VEC == 0) {
     qknorm_body<T, INTERLEAVED, BWD>(a);
   } else {
-    qknorm_rows_body<T, INTERLEAVED, VEC, BWD>(a);
+    qknorm_rows_body<T, INTERLEAVED, VEC, BWD, WholeGrid, QkOutSink, MODEL>(a);
   }
 }
 #endif

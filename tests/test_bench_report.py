@@ -312,7 +312,8 @@ def _fake_modules(monkeypatch):
                                        "qwen3": ("Qwen3-8B prefill", 4, 4096, 32, 8, 128)},
                                DTYPES={"bf16": 0, "fp16": 1, "fp32": 2})
     qb.measure = lambda *a, reps=30: dict(
-        copy_f=9e-5, copy_b=1.3e-4, fwd=1e-4, bwd=1.5e-4, fused_f=1.1e-4, fused_fb=3e-4,
+        copy_f=9e-5, copy_b=1.3e-4, fwd=1e-4, bwd=1.5e-4, fwd_tab=1.05e-4, bwd_tab=1.6e-4,
+        fused_f=1.1e-4, fused_fb=3e-4,
         hf_f=1.2e-4, hf_fb=3.3e-4, unf_f=4e-4, unf_fb=6e-4, liger_f=1.5e-4, liger_fb=4e-4,
         bytes_f=2 ** 28, bytes_b=3 * 2 ** 27)
     mods["qknorm_bench"] = qb

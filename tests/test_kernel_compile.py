@@ -56,9 +56,9 @@ def test_every_instantiation_compiles(arch):
     # sources (shared, per-head, cos/sin table) = 66;
     # LRPE: 5 activation families x 3 dtypes x 2 widths x per-head x fwd/bwd = 120,
     # plus 6 sequence-softmax statistics passes (3 dtypes x fwd/bwd);
-    # QK-norm: 3 dtypes x 2 pairings x fwd/bwd = 12, as many of the fast path (head rows),
-    # plus the weight-gradient reduction
-    assert len(names) == 66 + 120 + 6 + 12 + 12 + 1
+    # QK-norm: 3 dtypes x 2 pairings x fwd/bwd = 12, as many of the fast path (head rows)
+    # and of its model modes, plus the weight-gradient reduction
+    assert len(names) == 66 + 120 + 6 + 12 + 12 + 12 + 1
     lowered, nbytes, log = _compile(arch, names)
     assert all(v for v in lowered.values()), lowered
     assert len(set(lowered.values())) == len(names)
@@ -324,9 +324,11 @@ def test_qknorm_flat_entries_compile_without_new_spills():
             for bwd in (False, True):
                 pairs[_loader.qknorm_flat_kernel_name(dt, il, 0, bwd)] = \
                     _loader.qknorm_kernel_name(dt, il, bwd)
-                pairs[_loader.qknorm_flat_kernel_name(dt, il, _loader.vec_widths(dt)[0], bwd)] = \
-                    _loader.qknorm_rows_kernel_name(dt, il, bwd)
-    assert len(pairs) == 24
+                for model in (False, True):
+                    pairs[_loader.qknorm_flat_kernel_name(dt, il, _loader.vec_widths(dt)[0],
+                                                          bwd, model)] = \
+                        _loader.qknorm_rows_kernel_name(dt, il, bwd, model)
+    assert len(pairs) == 36
     res = _resources("sm_90", list(pairs) + list(pairs.values()) + [_loader.QKNORM_DW_KERNEL])
     # Expected: the 16-bit fast path at its register bounds (80 forward, 3 blocks
     # of 256 threads per SM; 128 backward, 2) spills where the by-value kernel,
@@ -336,19 +338,23 @@ def test_qknorm_flat_entries_compile_without_new_spills():
     # NVRTC 13.5 here and the device's NVRTC: forward 20/28 bytes, interleaved
     # forward 64/120 and 76/116, backward 68/180; session 9's device NVRTC gave
     # the fp16 forward 48/84 from PTX identical to session 8's (ptx_diff); the
-    # bounds leave room for another compiler's choices, not for a new spill of
-    # the struct's fields.
+    # model modes (MODEL) with NVRTC 13.5: forward 44-52/72-84, interleaved
+    # 88-96/104-124, interleaved backward 20/16; the bounds leave room for
+    # another compiler's choices, not for a new spill of the struct's fields.
     expected = {}
     for dt in ("float16", "bfloat16"):
-        expected[_loader.qknorm_flat_kernel_name(dt, False, 8, False)] = (64, 128)
-        expected[_loader.qknorm_flat_kernel_name(dt, True, 8, False)] = (128, 192)
+        for model in (False, True):
+            expected[_loader.qknorm_flat_kernel_name(dt, False, 8, False, model)] = (64, 128)
+            expected[_loader.qknorm_flat_kernel_name(dt, True, 8, False, model)] = (128, 192)
         expected[_loader.qknorm_flat_kernel_name(dt, True, 8, True)] = (128, 256)
+        expected[_loader.qknorm_flat_kernel_name(dt, True, 8, True, True)] = (64, 64)
     for flat, by_value in pairs.items():
         regs, st, ld = res[flat]
         allowed = expected.get(flat, res[by_value][1:])
         assert st <= allowed[0] and ld <= allowed[1], (flat, res[flat], res[by_value])
         if ", 0, " not in flat:  # the fast path's bound: 2 (backward) or 3 blocks per SM
-            blocks = _loader.tuning("CUPROPE_QKNORM_MIN_BLOCKS_BWD" if flat.endswith("true>")
+            bwd = flat.split(", ")[3].startswith("true")
+            blocks = _loader.tuning("CUPROPE_QKNORM_MIN_BLOCKS_BWD" if bwd
                                     else "CUPROPE_QKNORM_MIN_BLOCKS")
             threads = 32 * _loader.tuning("CUPROPE_QKNORM_WARPS")
             assert regs <= 65536 // (threads * blocks), (flat, regs)

@@ -71,19 +71,27 @@ def qknorm_kernel_name(dtype: str, interleaved: bool, backward: bool) -> str:
     return f"cuprope::qknorm_kernel<{DTYPE_CTYPES[dtype]}, {_b(interleaved)}, {_b(backward)}>"
 
 
-def qknorm_rows_kernel_name(dtype: str, interleaved: bool, backward: bool) -> str:
+def _model(model: bool) -> str:
+    return ", true" if model else ""  # MODEL's default (false) left out of the name
+
+
+def qknorm_rows_kernel_name(dtype: str, interleaved: bool, backward: bool,
+                            model: bool = False) -> str:
     """Name expression of the fast path ``qknorm_rows_kernel`` (norm per head,
-    R = D, the widest packs) for ``dtype``."""
+    R = D, the widest packs) for ``dtype``; ``model``: its model modes'
+    instantiation (a model rounding, the caller's tables)."""
     return (f"cuprope::qknorm_rows_kernel<{DTYPE_CTYPES[dtype]}, {_b(interleaved)}, "
-            f"{vec_widths(dtype)[0]}, {_b(backward)}>")
+            f"{vec_widths(dtype)[0]}, {_b(backward)}{_model(model)}>")
 
 
-def qknorm_flat_kernel_name(dtype: str, interleaved: bool, vec: int, backward: bool) -> str:
+def qknorm_flat_kernel_name(dtype: str, interleaved: bool, vec: int, backward: bool,
+                            model: bool = False) -> str:
     """Name expression of the flat entry (kernels/qknorm_flat.cuh) of
     ``qknorm_kernel`` (``vec`` 0) or of ``qknorm_rows_kernel`` at pack width
-    ``vec`` (the widest of ``dtype``, as the fast path launches it)."""
+    ``vec`` (the widest of ``dtype``, as the fast path launches it; ``model``
+    as there)."""
     return (f"cuprope::qknorm_flat_kernel<{DTYPE_CTYPES[dtype]}, {_b(interleaved)}, {int(vec)}, "
-            f"{_b(backward)}>")
+            f"{_b(backward)}{_model(model)}>")
 
 
 QKNORM_DW_KERNEL = "cuprope::qknorm_dw_kernel"
@@ -119,7 +127,9 @@ def _family_names(family: str) -> list[str]:
     if family == "qknorm":
         return [fn(dt, il, bwd) for fn in (qknorm_kernel_name, qknorm_rows_kernel_name)
                 for dt in DTYPE_CTYPES for il in (False, True)
-                for bwd in (False, True)] + [QKNORM_DW_KERNEL]
+                for bwd in (False, True)] + [
+            qknorm_rows_kernel_name(dt, il, bwd, True) for dt in DTYPE_CTYPES
+            for il in (False, True) for bwd in (False, True)] + [QKNORM_DW_KERNEL]
     for src, name in _PLAIN_FAMILIES.items():
         if family == name:
             return [kernel_name(dt, il, v, src)

@@ -56,18 +56,21 @@ class Geometry:
     part_rows: int
     part_cols: int
     step_groups: int = 1
+    model: bool = False  # qknorm_rows_kernel's model modes' instantiation
 
     @property
     def kernel_name(self) -> str:
         """The by-value kernel's name expression (the eager path's)."""
-        fn = loader.qknorm_rows_kernel_name if self.vec else loader.qknorm_kernel_name
-        return fn(self.dtype, self.interleaved, self.backward)
+        if self.vec:
+            return loader.qknorm_rows_kernel_name(self.dtype, self.interleaved, self.backward,
+                                                  self.model)
+        return loader.qknorm_kernel_name(self.dtype, self.interleaved, self.backward)
 
     @property
     def flat_name(self) -> str:
         """Its flat entry's name expression (the JAX lowering's)."""
         return loader.qknorm_flat_kernel_name(self.dtype, self.interleaved, self.vec,
-                                              self.backward)
+                                              self.backward, self.model)
 
 
 DW_PAD = loader.tuning("CUPROPE_QKNORM_DW_PAD")  # floats after each dw row (kernels kDwPad)
@@ -85,15 +88,15 @@ def weight_lengths(call):
 
 def fast_vec(call, ins, out_infos, backward, part_cols):
     """The fast path's pack width, or 0 where qknorm_kernel runs: the norm
-    per head, R = D, angles computed (no tables), every tensor aligned for
-    the widest packs, at most 32 lanes per head, shared memory within
-    SMEM_BUDGET; not the model modes' backward."""
+    per head, R = D, every tensor (and the caller's cos/sin tables) aligned
+    for the widest packs, at most 32 lanes per head, shared memory within
+    SMEM_BUDGET."""
     cfg = call.config
     npairs = cfg.rotary_dim // 2
     widest = loader.vec_widths(call.dtype)[0]
-    if (call.over != "head" or cfg.rotary_dim != call.d or call.tables
+    if (call.over != "head" or cfg.rotary_dim != call.d
             or npairs % widest or npairs // widest > 32
-            or (backward and call.rounding != "exact")):
+            or (call.tables and not _tables_aligned(call, widest))):
         return 0
     plans = engine.tensor_plans(ins, out_infos, call.layout)
     if backward:
@@ -101,9 +104,26 @@ def fast_vec(call, ins, out_infos, backward, part_cols):
                              canon_strides(x.strides, call.layout), p.heads)
                   for x, p in zip(call.infos, plans)]
     vec = pick_vec(call.dtype, plans, npairs, 0, call.b, call.s, (widest, 1))
-    need = WARPS * npairs * 8 + 8 * call.d + (
+    need = slice_bytes(call, npairs, True) + 8 * call.d + (
         fast_rows_bytes(npairs, widest, part_cols) if backward else 0)
     return widest if vec == widest and need <= SMEM_BUDGET else 0
+
+
+def slice_bytes(call, npairs, rows) -> int:
+    """The block's cos/sin slices: a warp's is npairs float2; in the rows
+    kernel's model modes at fp32 twice that (a token's cos and sin rows of
+    the caller's tables, kSlice)."""
+    wide = rows and call.rounding != "exact" and call.dtype == "float32"
+    return WARPS * npairs * 8 * (2 if wide else 1)
+
+
+def _tables_aligned(call, vec):
+    """Whether every lane's table packs (``vec`` elements at its chunk's
+    offsets in a token's cos and sin rows) are aligned loads."""
+    cinfo, sinfo, (tsb, tss) = call.tables
+    piece = vec * loader.ITEMSIZE[call.dtype]
+    strides = (tsb if call.b > 1 else 0) | (tss if call.s > 1 else 0)
+    return cinfo.ptr % piece == 0 and sinfo.ptr % piece == 0 and strides % vec == 0
 
 
 def geometry(call, ins, out_infos, backward, sms) -> Geometry:
@@ -121,7 +141,7 @@ def geometry(call, ins, out_infos, backward, sms) -> Geometry:
                   else unit_groups(call, ins, tokens, cap))
     warps = min(tokens * groups, cap)
     blocks = max(1, -(-warps // WARPS))
-    smem = WARPS * npairs * 8
+    smem = slice_bytes(call, npairs, bool(vec))
     if vec:
         smem += 8 * call.d + (fast_rows_bytes(npairs, vec, part_cols) if backward else 0)
     if smem > SMEM_BUDGET:
@@ -129,7 +149,8 @@ def geometry(call, ins, out_infos, backward, sms) -> Geometry:
                          f"kernels: {smem} bytes of shared memory per block (at most "
                          f"{SMEM_BUDGET})")
     return Geometry(call.dtype, call.config.interleaved, backward, vec, blocks, smem,
-                    blocks if vec else blocks * WARPS, part_cols, groups)
+                    blocks if vec else blocks * WARPS, part_cols, groups,
+                    model=bool(vec) and call.rounding != "exact")
 
 
 def step_groups(call, ins, npairs, vec, tokens, cap) -> int:
