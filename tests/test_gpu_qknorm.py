@@ -338,9 +338,9 @@ def test_rows_model_kernel_equals_the_general_kernel(rng, monkeypatch, dtype, in
     the rows kernel refused), same inputs: within two ulp of the dtype at
     its head's largest value (the two sum the squares and the backward's dr
     in their own fp32 orders; a flipped rounding moves a product) on at most
-    2 % of the elements (fp32: any share); dw within one rounding to its
-    dtype (fp32: 2⁻¹⁶) of its magnitude. Decode (3 tokens: a token's heads
-    split over warps) and prefill sizes."""
+    2 % of the elements (fp32: 16 ulp, any share); dw within one rounding to
+    its dtype (fp32: 2⁻¹⁴) of its largest value. Decode (3 tokens: a token's
+    heads split over warps) and prefill sizes."""
     from cuprope.qknorm import launch as ql
     b, s = tokens
     d, hq, hk = 128, 8, 2
@@ -376,15 +376,20 @@ def test_rows_model_kernel_equals_the_general_kernel(rng, monkeypatch, dtype, in
         runs.append((*fwd, *bwd))
     assert all("qknorm_rows_kernel" in n and n.endswith(", true>") for n in names[:2]), names
     assert all("qknorm_kernel" in n for n in names[2:]), names
+    worst = []
     for i, (got, want) in enumerate(zip(*runs)):
-        if i < 4:  # fp32: r one ulp apart moves every element of its head
+        if i < 4:  # in ulp of the dtype at the head's largest value, and the share moved
             u = _ulps(got, want, dtype)
-            share = 1.0 if dtype == "float32" else 0.02
-            assert u.max() <= 2.0 and (u > 0).mean() <= share, (i, u.max(), (u > 0).mean())
-        else:  # fp32 sums in two orders, rounded to the weight's dtype
-            tol = {"bfloat16": 2.0 ** -7, "float16": 2.0 ** -10}.get(wdt, 2.0 ** -16)
+            worst.append((u.max(), (u > 0).mean()))
+        else:  # dw: relative to its largest value
             g, w = got.float(), want.float()
-            assert (g - w).abs().max() <= tol * w.abs().max(), i
+            worst.append((((g - w).abs().max() / w.abs().max()).item(),))
+    # fp32: r one ulp apart moves every element of its head, and the backward's dr
+    # (a sum that cancels) by more; 16-bit: the rounding to the dtype absorbs most
+    most, share = (16.0, 1.0) if dtype == "float32" else (2.0, 0.02)
+    dw_tol = {"bfloat16": 2.0 ** -7, "float16": 2.0 ** -10}.get(wdt, 2.0 ** -14)
+    assert all(w[0] <= most and w[1] <= share for w in worst[:4]), worst
+    assert all(w[0] <= dw_tol for w in worst[4:]), worst
 
 
 # Known defect: on an H100 the fp16 cast_then_weight case with the norm per head
