@@ -65,3 +65,23 @@ def test_configs_build_and_read(name):
     config = AutoConfig.for_model(cfg.pop("model_type"), **cfg)
     for i in range(config.num_hidden_layers):
         assert rope_config_from_hf(config, layer_idx=i) is not None
+
+
+def test_unlinked_cuprope_kernels_count_once():
+    """cuprope kernels the profiler linked to no range or backward node are
+    added once; those linked (to a range or a child of one) are not added
+    again; other kernels never."""
+    from types import SimpleNamespace as NS
+
+    import torch
+    import models_profile as mp
+    cuda, cpu = torch.autograd.DeviceType.CUDA, torch.autograd.DeviceType.CPU
+    k_linked = NS(name="void cuprope::rope_kernel<x>", duration=5.0)
+    child = NS(kernels=[k_linked], cpu_children=[])
+    top = NS(kernels=[NS(name="elementwise_kernel", duration=7.0)], cpu_children=[child])
+    events = [NS(device_type=cuda, name=k_linked.name, device_time=5.0),
+              NS(device_type=cuda, name="void cuprope::qknorm_rows_kernel<y>", device_time=3.0),
+              NS(device_type=cuda, name="elementwise_kernel", device_time=7.0),
+              NS(device_type=cpu, name="aten::add", device_time=0.0)]
+    assert mp.unlinked_ours(events, [top]) == 3.0
+    assert mp.unlinked_ours(events, []) == 8.0

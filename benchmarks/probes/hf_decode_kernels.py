@@ -32,8 +32,8 @@ def one(label):
         acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
         with mp.ranges(model), torch.profiler.profile(activities=acts) as prof:
             step(); torch.cuda.synchronize()
-        f, _ = mp.attribute(prof.events(), True)
-        print(f"== {label}: attribute() pos+norm device µs {f:.1f}")
+        f, _, loose = mp.attribute(prof.events(), True)
+        print(f"== {label}: attribute() pos+norm device µs {f:.1f} + unlinked cuprope {loose:.1f}")
         ks = {}
         for e in prof.events():
             if e.device_type == torch.autograd.DeviceType.CUDA:
