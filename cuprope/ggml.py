@@ -52,9 +52,9 @@ import numpy as np
 from ._core.arrays import describe
 from ._core.cache import ConfigCache
 from ._core.checks import as_float, as_int
+from ._core.torch_guard import engaged
 from .rope.api import rope_backward, rope_forward
 from .config import RopeConfig, host_array
-from .torch_guard import engaged
 
 __all__ = ["NORMAL", "NEOX", "MROPE", "VISION", "IMROPE", "MODES", "rope", "rope_config",
            "yarn_corr_dims", "pair_streams"]
@@ -273,7 +273,7 @@ def rope(src0, pos, freq_factors=None, *, n_dims: int, mode: int, n_ctx_orig: in
     ``rope_backward`` (differentiable with grad mode on), but under
     ``torch.compile`` a graph break (it runs eagerly)."""
     if engaged(src0, None, out):
-        from .torch_route import untraceable
+        from ._core.torch_route import untraceable
         return untraceable(lambda: _rope(src0, pos, freq_factors, n_dims, mode, n_ctx_orig,
                                          freq_base, freq_scale, ext_factor, attn_factor,
                                          beta_fast, beta_slow, sections, forward, out, inplace,

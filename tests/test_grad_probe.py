@@ -42,7 +42,6 @@ MODULES = {
     "config": "RopeConfig, probed as cuprope.RopeConfig",
     "reference": "float64 NumPy references of the rotation",
     "jax": "JAX arrays: no torch autograd",
-    "torch_guard": "the guard itself", "torch_route": "the guard itself",
     "bench": "a command-line tool", "bench_short": "a command-line tool",
     "check": "a command-line tool", "info": "a command-line tool",
     "__main__": "a command-line tool", "_core": "internal",
