@@ -42,9 +42,8 @@ MODULES = {
     "config": "RopeConfig, probed as cuprope.RopeConfig",
     "reference": "float64 NumPy references of the rotation",
     "jax": "JAX arrays: no torch autograd",
-    "bench": "a command-line tool", "bench_short": "a command-line tool",
-    "check": "a command-line tool", "info": "a command-line tool",
-    "__main__": "a command-line tool", "_core": "internal",
+    "cli": "the command line's verbs", "__main__": "the command line",
+    "_core": "internal",
     "kernels": "the CUDA sources an installed package carries (no Python API)",
     "hfpatch": "patches transformers' attention; the patched layers call cuprope.torch's "
                "differentiable ops (gradients checked in test_hf_patch.py)",
