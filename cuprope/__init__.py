@@ -7,10 +7,11 @@ Quick use::
     q_rot, k_rot = cuprope.rope_qk_forward(q, k, cfg)   # q [B, S, Hq, D], k [B, S, Hk, D]
     dq, dk = cuprope.rope_qk_backward(gq, gk, cfg)
 """
-from . import ggml, scaling
-from .rope.api import rope_backward, rope_forward, rope_qk_backward, rope_qk_forward
+from . import scaling
 from .config import LAYOUTS, RopeConfig
 from .reference import default_inv_freq
+from .rope import ggml, positions, tables
+from .rope.api import rope_backward, rope_forward, rope_qk_backward, rope_qk_forward
 
 __version__ = "0.1.0"
 
@@ -24,7 +25,9 @@ __all__ = [
     "rope_qk_backward",
     "gpu_available",
     "ggml",
+    "positions",
     "scaling",
+    "tables",
 ]
 
 

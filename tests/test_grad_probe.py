@@ -30,8 +30,8 @@ from cuprope import torch as ctorch  # noqa: E402
 from cuprope.prologue import torch as ptorch  # noqa: E402
 from cuprope.qknorm import torch as qtorch  # noqa: E402
 
-# Top-level modules: probed (their __all__, and an op package's torch adapter
-# module's), or why not.
+# Top-level modules and the namespaces the top level re-exports: probed (their
+# __all__, and an op package's torch adapter module's), or why not.
 MODULES = {
     "cuprope": None, "ggml": None, "tables": None, "cos_sin_cache": None, "qknorm": None,
     "kvcache": None, "lrpe": None, "mla": None, "prologue": None, "torch": None,
@@ -259,12 +259,19 @@ PROBES = {
 # ---------------------------------------------------------------- coverage
 
 
+def _module(m):
+    """cuprope's module ``m``: the package itself, a namespace its top level
+    re-exports (``cuprope.tables``), or a sub-module."""
+    if m == "cuprope":
+        return cuprope
+    return getattr(cuprope, m, None) or importlib.import_module(f"cuprope.{m}")
+
+
 def _public():
     """{probe key: the object} for every public callable: the __all__ of the
     probed top-level modules, then of their packages' torch adapter modules
     (an object reached twice counts once, under its first key)."""
-    mods = [(m, importlib.import_module("cuprope" if m == "cuprope" else f"cuprope.{m}"))
-            for m, why in MODULES.items() if why is None]
+    mods = [(m, _module(m)) for m, why in MODULES.items() if why is None]
     for m, mod in list(mods):
         if m != "cuprope" and hasattr(mod, "__path__") and importlib.util.find_spec(
                 f"{mod.__name__}.torch"):
