@@ -37,7 +37,7 @@ MODULES = {
     "kvcache": None, "lrpe": None, "mla": None, "prologue": None, "torch": None,
     "rope": None,  # no __all__; its torch adapter module is probed
     "scaling": "frequency tables from numbers and HF configs (no tensor math)",
-    "schemes": "behind cuprope.scaling",
+    "schemes": "exported as cuprope.scaling",
     "positions": "integer positions",
     "config": "RopeConfig, probed as cuprope.RopeConfig",
     "reference": "float64 NumPy references of the rotation",

@@ -175,7 +175,7 @@ def run_scheme_case(name, shape, op, dtype_name, sets=2, reps=30):
     import numpy as np
 
     import cuprope
-    from cuprope import lrpe, scaling
+    from .. import lrpe, schemes
     torch = torch_module()
     dt = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype_name]
     b, s, hq, hk, d, r = shape
@@ -201,12 +201,12 @@ def run_scheme_case(name, shape, op, dtype_name, sets=2, reps=30):
         nbytes = 2 * b * s * (hq + hk) * d * esz
         pos = None
         if op == "yarn":
-            cfg = scaling.rope_config_from_hf({
+            cfg = schemes.rope_config_from_hf({
                 "rope_theta": 1e6, "head_dim": d, "max_position_embeddings": 131072,
                 "rope_scaling": {"rope_type": "yarn", "factor": 4.0,
                                  "original_max_position_embeddings": 32768}})
         else:
-            cfg = scaling.mrope_config([d // 8, 3 * d // 16, 3 * d // 16], base=1e6)
+            cfg = schemes.mrope_config([d // 8, 3 * d // 16, 3 * d // 16], base=1e6)
             pos = torch.randint(0, 4096, (3, b, s), device="cuda", dtype=torch.int32)
 
         def ours():
