@@ -8,7 +8,6 @@
   (``rope_config_from_hf``), built on ``scaling.py``.
 * ``hf_families.py``: what HF's model classes assume beyond ``config.json``.
 """
-from . import scaling as _scaling
 from .hf_config import hf_rope_parameters, hf_table, layer_types, rope_config_from_hf
 from .scaling import (ROPE_TYPE_ALIASES, ROPE_TYPES, default_table, dynamic_ntk_table,
                       interleaved_mrope_config, interleaved_mrope_stream_map, linear_table,
@@ -16,5 +15,12 @@ from .scaling import (ROPE_TYPE_ALIASES, ROPE_TYPES, default_table, dynamic_ntk_
                       proportional_table, vision2d_config, vision2d_tables, yarn_get_mscale,
                       yarn_table)
 
-# the schemes' names, and the three that read a model's config.json
-__all__ = [*_scaling.__all__, "hf_rope_parameters", "hf_table", "rope_config_from_hf"]
+__all__ = [
+    # the schemes (scaling.py)
+    "ROPE_TYPES", "ROPE_TYPE_ALIASES", "default_table", "linear_table", "dynamic_ntk_table",
+    "yarn_table", "yarn_get_mscale", "longrope_table", "llama3_table", "proportional_table",
+    "mrope_stream_map", "interleaved_mrope_stream_map", "mrope_config",
+    "interleaved_mrope_config", "vision2d_tables", "vision2d_config",
+    # a model's config.json (hf_config.py)
+    "rope_config_from_hf", "hf_rope_parameters", "hf_table", "layer_types",
+]
