@@ -8,7 +8,7 @@
 Families (``suite_rows.FAMILIES``) and what each times beside cuprope:
 
 * ``rotation``: the core forward / backward / in place / single tensor / qkv
-  slices at the D 64, D 128 and D 256 prefill shapes (``cuprope.bench.SHAPES``),
+  slices at the D 64, D 128 and D 256 prefill shapes (``cuprope.cli.bench_cases.SHAPES``),
   and the HF cos/sin-table source (``cuprope-hf-tables``); copy, torch eager and
   torch.compile of HF's formula, Liger's RoPE, FlashInfer's two kernels;
 * ``schemes`` (YaRN, MRoPE) and ``lrpe`` (SiLU + per-head θ); ``ggml``
@@ -41,7 +41,7 @@ Families (``suite_rows.FAMILIES``) and what each times beside cuprope:
   time in position encoding + q/k norm (``models_bench``).
 
 Timing is each measuring module's own: CUDA events after warm-up, median of many
-runs (``cuprope.bench.time_gpu``) for prefill shapes; CUDA-graph replay for the
+runs (``cuprope.cli.bench_cases.time_gpu``) for prefill shapes; CUDA-graph replay for the
 KV append and decode; wall-clock host loops for host time and ``jax.jit``.
 FlashInfer runs as ``fi_bench_bin`` (../shared/peers/README.md builds it) in its
 own process beside its own copy; without the binary its rows are skipped with
@@ -134,8 +134,8 @@ def _shape(b, s, hq, hk, d, r=None):
 
 
 def rotation(ctx):
-    """Core ops (cuprope.bench.run_case) plus Liger and FlashInfer on the peer cases."""
-    from cuprope.bench import SHAPES, run_case
+    """Core ops (cuprope.cli.bench_cases.run_case) plus Liger and FlashInfer on the peer cases."""
+    from cuprope.cli.bench_cases import SHAPES, run_case
     ops = ("qk_fwd", "qk_bwd") if ctx.quick else ROT_OPS
     pool = QUICK_CASES if ctx.quick and not ctx.cases else SHAPES  # --cases: any of SHAPES
     cases = [c for c in pool if ctx.want_case(c)]
@@ -172,7 +172,7 @@ def _liger_rotation(case, shape, dt, reps):
         return []
     import torch
 
-    from cuprope.bench import cos_sin_tables, time_gpu
+    from cuprope.cli.bench_cases import cos_sin_tables, time_gpu
     t = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dt]
     sets = [(torch.randn(b, s, hq, d, device="cuda", dtype=t),
              torch.randn(b, s, hk, d, device="cuda", dtype=t)) for _ in range(2)]
@@ -208,7 +208,7 @@ def _fi_rotation(ctx, case, shape, dt, op):
 
 def schemes(ctx):
     """YaRN and MRoPE (family schemes), LRPE with SiLU (family lrpe): run_scheme_case."""
-    from cuprope.bench import SCHEME_OPS, SHAPES, run_scheme_case
+    from cuprope.cli.bench_cases import SCHEME_OPS, SHAPES, run_scheme_case
     reps = 10 if ctx.quick else 30
     rows = []
     for op in SCHEME_OPS:
@@ -228,7 +228,7 @@ def ggml(ctx):
     import torch
 
     from cuprope import ggml as cg
-    from cuprope.bench import time_gpu
+    from cuprope.cli.bench_cases import time_gpu
     b, s, n, d = 4, 4096, 32, 128
     reps = 10 if ctx.quick else 30
     rows = []

@@ -34,7 +34,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import cuprope  # noqa: E402
 from cuprope._core import decode  # noqa: E402
-from cuprope.cos_sin_cache import rotary_embedding  # noqa: E402
+from cuprope.kvcache.cos_sin_cache import rotary_embedding  # noqa: E402
 import cuprope.kvcache.rotary as rotary  # noqa: E402
 from kvcache_bench import flashinfer_lines, graph_us  # noqa: E402
 

@@ -89,7 +89,7 @@ def build(op, b, hidden, layers, g):
             cuprope.rope_qk_forward(q, k, cfg, positions=pos, inplace=True, enable_pdl=pdl)
     elif op == "rotary_embedding":
         import cuprope.torch as ctorch
-        from cuprope.cos_sin_cache import build_cos_sin_cache
+        from cuprope.kvcache.cos_sin_cache import build_cos_sin_cache
         table = build_cos_sin_cache(cfg, MAXPOS, like=x)
 
         def call(s, pdl):

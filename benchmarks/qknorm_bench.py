@@ -6,7 +6,7 @@ norm-free RoPE).
 Bytes: the forward reads q and k and writes them once (2·|q, k|); the backward
 reads q, k and dy and writes dx (3·|q, k|; the weights and their gradients are
 negligible). "copy" is a device-to-device copy moving the same bytes (half read,
-half written). CUDA events, warm-up, median (cuprope.bench.time_gpu); buffer sets
+half written). CUDA events, warm-up, median (cuprope.cli.bench_cases.time_gpu); buffer sets
 rotate so the L2 does not hold the inputs. Liger (its RMSNorm, then its RoPE:
 what Liger puts into Qwen3) is timed too where ``liger_kernel`` imports.
 
@@ -19,7 +19,7 @@ import torch
 import cuprope
 from cuprope import qknorm
 from cuprope import torch as ctorch
-from cuprope.bench import time_gpu
+from cuprope.cli.bench_cases import time_gpu
 
 SHAPES = {"llama": ("Llama-3-8B prefill", 4, 4096, 32, 8, 128),
           "qwen3": ("Qwen3-8B prefill", 4, 4096, 32, 8, 128)}

@@ -7,10 +7,15 @@ Quick use::
     q_rot, k_rot = cuprope.rope_qk_forward(q, k, cfg)   # q [B, S, Hq, D], k [B, S, Hk, D]
     dq, dk = cuprope.rope_qk_backward(gq, gk, cfg)
 """
-from . import ggml, scaling
-from .rope.api import rope_backward, rope_forward, rope_qk_backward, rope_qk_forward
 from .config import LAYOUTS, RopeConfig
 from .reference import default_inv_freq
+from .rope.api import rope_backward, rope_forward, rope_qk_backward, rope_qk_forward
+
+# The public namespaces (cuprope.scaling.yarn_table, cuprope.tables...), from their
+# packages; cuprope.torch and cuprope.jax are imported by name (they need the framework).
+from . import schemes as scaling
+from .kvcache import cos_sin_cache
+from .rope import ggml, positions, tables
 
 __version__ = "0.1.0"
 
@@ -23,8 +28,11 @@ __all__ = [
     "rope_qk_forward",
     "rope_qk_backward",
     "gpu_available",
+    "cos_sin_cache",
     "ggml",
+    "positions",
     "scaling",
+    "tables",
 ]
 
 

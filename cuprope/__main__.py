@@ -7,8 +7,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .bench_short import HELP as BENCH_HELP
-from .check import DTYPES, MAX_HEAD_DIM, head_dim_arg
+from .cli.bench import HELP as BENCH_HELP
+from .cli.check import DTYPES, MAX_HEAD_DIM, head_dim_arg
 
 BENCH_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
 MAX_REPS = 10_000
@@ -102,17 +102,17 @@ def main(argv=None) -> int:
         parser.print_help()
         return 0
     if args.cmd == "check":
-        from .check import run
+        from .cli.check import run
         return 0 if run(use_gpu=False if args.cpu else None, head_dim=args.head_dim,
                         dtypes=tuple(dict.fromkeys(args.dtype or DTYPES))) else 1
     if args.cmd == "info":
-        from .info import report
+        from .cli.info import report
         print(report())
         return 0
     if args.suite is not None:
-        from .bench_short import run_suite
+        from .cli.bench import run_suite
         return run_suite(args.suite)
-    from .bench_short import main_short
+    from .cli.bench import main_short
     return main_short(dtype=BENCH_DTYPES.get(args.dtype), reps=args.reps, peers=not args.no_peers,
                       decode=not args.no_decode)
 

@@ -269,8 +269,8 @@ def test_bench_suite_without_a_gpu_says_so(tmp_path):
     ("pdl_bench", ("measure", "build", "OPS", "BATCHES", "LAYERS", "HQ", "HK", "D", "MLA_H")),
     ("models_bench", ("suite", "measure", "CONFIGS")),
     ("models_profile", ("profile_step", "attribute", "ranges")),
-    ("cuprope.bench", ("run_case", "run_scheme_case", "time_gpu", "cos_sin_tables", "SHAPES",
-                       "SCHEME_OPS", "Row")),
+    ("cuprope.cli.bench_cases", ("run_case", "run_scheme_case", "time_gpu", "cos_sin_tables",
+                                 "SHAPES", "SCHEME_OPS", "Row")),
 ])
 def test_the_measuring_functions_the_suite_calls_exist(module, names):
     pytest.importorskip("torch")
@@ -446,7 +446,7 @@ def test_flashinfer_lines_from_the_binary_absent_or_failing(tmp_path):
 def test_rotation_and_schemes_families_rows(monkeypatch):
     import bench_suite
 
-    import cuprope.bench as cb
+    import cuprope.cli.bench_cases as cb
     shape = cb.SHAPES["llama3-8b"]
 
     def run_case(name, shp, op, dt, peers=True, reps=30):

@@ -113,7 +113,7 @@ def test_bench_help_states_what_it_times_against_what_and_its_options():
 
 
 def _machine_state():
-    """This machine's CUDA state found here, independently of cuprope.info."""
+    """This machine's CUDA state found here, independently of cuprope.cli.info."""
     try:
         import cupy
     except ImportError:
@@ -153,7 +153,7 @@ def test_info_and_check_without_cupy_say_cupy_is_not_installed():
 
 @pytest.mark.skipif(_machine_state() == "gpu", reason="a GPU is visible: check runs the kernels")
 def test_check_without_a_gpu_runs_the_numpy_backend_and_says_why():
-    from cuprope.info import cuda_state
+    from cuprope.cli.info import cuda_state
     r = cli("check", "--dtype", "float16", "--head-dim", "8")
     assert r.returncode == 0, r.stderr
     first = r.stdout.splitlines()[0]
@@ -196,7 +196,7 @@ STATES = [
 
 @pytest.mark.parametrize("kind,rt,words", STATES, ids=[f"{s[0]}-{i}" for i, s in enumerate(STATES)])
 def test_info_tells_the_cuda_states_apart(monkeypatch, kind, rt, words):
-    from cuprope import info
+    from cuprope.cli import info
     fake = types.SimpleNamespace(__version__="14.9.9", cuda=types.SimpleNamespace(runtime=rt))
     monkeypatch.setitem(sys.modules, "cupy", fake)
     state = info.cuda_state()
@@ -261,7 +261,7 @@ def test_bench_suite_without_torch_names_the_install_in_one_line(tmp_path):
 
 
 def test_bench_suite_outside_a_checkout_says_where_the_suite_lives(monkeypatch, capsys):
-    from cuprope import bench_short as bench
+    from cuprope.cli import bench
     monkeypatch.setattr(bench, "suite_path", lambda: None)
     assert bench.run_suite(["--quick"]) == 2
     err = capsys.readouterr().err

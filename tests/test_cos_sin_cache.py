@@ -14,7 +14,7 @@ import cuprope
 from conftest import HAS_GPU, HAS_TORCH
 from cuprope import reference, scaling
 from cuprope.kvcache import reference as kref
-from cuprope.cos_sin_cache import build_cos_sin_cache, rotary_embedding
+from cuprope.kvcache.cos_sin_cache import build_cos_sin_cache, rotary_embedding
 
 NEEDS_TORCH = pytest.mark.skipif(not HAS_TORCH, reason="needs torch: pip install torch")
 

@@ -23,7 +23,7 @@ pytestmark = [
 def _worker(rank, world, port, seq_local, result_dir):
     import torch.distributed as dist
 
-    from cuprope.positions import context_parallel_positions
+    from cuprope.rope.positions import context_parallel_positions
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # never NVLink multicast on shared hosts
     torch.cuda.set_device(rank)
     dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank,

@@ -18,7 +18,7 @@ from torch_helpers import (count_calls, gen, host_bytes, randn,  # noqa: F401 (g
 from cuprope import kvcache
 from cuprope.kvcache import api as kvcache_api
 from cuprope.kvcache import reference as kref
-from cuprope.cos_sin_cache import rotary_embedding
+from cuprope.kvcache.cos_sin_cache import rotary_embedding
 from oracle import assert_matches
 from test_kvcache import (assert_bytes_equal, distinct_rows, expected_cache, spec_cos_sin,
                           spec_slot)
@@ -506,7 +506,7 @@ def _rotary_args(g, dtype, t=6, hq=8, hk=2, d=128, with_key=True):
 def test_rotary_embedding_fast_path_equals_the_general_path(monkeypatch):
     """q and k slices of one qkv tensor (their ranges interleave): repeated
     calls stay on the fast path and match check=True (the general path)."""
-    import cuprope.cos_sin_cache as csc
+    from cuprope.kvcache import cos_sin_cache as csc
     import cuprope.kvcache.rotary as rotary
     import cuprope.torch as ctorch
     calls = count_calls(monkeypatch, rotary, "kv_spec")

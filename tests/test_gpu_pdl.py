@@ -119,7 +119,7 @@ def case(name, dtype, t, seed=0):
                                      enable_pdl=pdl)
         else:
             import cuprope.torch as ctorch
-            from cuprope.cos_sin_cache import build_cos_sin_cache
+            from cuprope.kvcache.cos_sin_cache import build_cos_sin_cache
             s["table"] = build_cos_sin_cache(cfg, 30000, like=s["qkv"])
 
             def op(s, pdl):

@@ -173,7 +173,7 @@ def test_fast_path_keys_on_rope_dim_offset_and_inverse(monkeypatch):
     """The same arrays with another rope_dim_offset or inverse take their own
     launch: each repeated call equals check=True (the general path) and, once
     every combination was seen, no new plan is made."""
-    import cuprope.cos_sin_cache as csc
+    from cuprope.kvcache import cos_sin_cache as csc
     import cuprope.kvcache.rotary as rotary
     import cuprope.torch as ctorch
     plans = count_calls(monkeypatch, rotary, "kv_spec")

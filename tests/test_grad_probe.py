@@ -30,22 +30,20 @@ from cuprope import torch as ctorch  # noqa: E402
 from cuprope.prologue import torch as ptorch  # noqa: E402
 from cuprope.qknorm import torch as qtorch  # noqa: E402
 
-# Top-level modules: probed (their __all__, and an op package's torch adapter
-# module's), or why not.
+# Top-level modules and the namespaces the top level re-exports: probed (their
+# __all__, and an op package's torch adapter module's), or why not.
 MODULES = {
     "cuprope": None, "ggml": None, "tables": None, "cos_sin_cache": None, "qknorm": None,
     "kvcache": None, "lrpe": None, "mla": None, "prologue": None, "torch": None,
     "rope": None,  # no __all__; its torch adapter module is probed
     "scaling": "frequency tables from numbers and HF configs (no tensor math)",
-    "schemes": "behind cuprope.scaling",
+    "schemes": "exported as cuprope.scaling",
     "positions": "integer positions",
     "config": "RopeConfig, probed as cuprope.RopeConfig",
     "reference": "float64 NumPy references of the rotation",
     "jax": "JAX arrays: no torch autograd",
-    "torch_guard": "the guard itself", "torch_route": "the guard itself",
-    "bench": "a command-line tool", "bench_short": "a command-line tool",
-    "check": "a command-line tool", "info": "a command-line tool",
-    "__main__": "a command-line tool", "_core": "internal",
+    "cli": "the command line's verbs", "__main__": "the command line",
+    "_core": "internal",
     "kernels": "the CUDA sources an installed package carries (no Python API)",
     "hfpatch": "patches transformers' attention; the patched layers call cuprope.torch's "
                "differentiable ops (gradients checked in test_hf_patch.py)",
@@ -261,12 +259,19 @@ PROBES = {
 # ---------------------------------------------------------------- coverage
 
 
+def _module(m):
+    """cuprope's module ``m``: the package itself, a namespace its top level
+    re-exports (``cuprope.tables``), or a sub-module."""
+    if m == "cuprope":
+        return cuprope
+    return getattr(cuprope, m, None) or importlib.import_module(f"cuprope.{m}")
+
+
 def _public():
     """{probe key: the object} for every public callable: the __all__ of the
     probed top-level modules, then of their packages' torch adapter modules
     (an object reached twice counts once, under its first key)."""
-    mods = [(m, importlib.import_module("cuprope" if m == "cuprope" else f"cuprope.{m}"))
-            for m, why in MODULES.items() if why is None]
+    mods = [(m, _module(m)) for m, why in MODULES.items() if why is None]
     for m, mod in list(mods):
         if m != "cuprope" and hasattr(mod, "__path__") and importlib.util.find_spec(
                 f"{mod.__name__}.torch"):

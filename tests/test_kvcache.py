@@ -10,7 +10,7 @@ import pytest
 import cuprope
 from cuprope import kvcache
 from cuprope.kvcache import reference as kref
-from cuprope.cos_sin_cache import rotary_embedding
+from cuprope.kvcache.cos_sin_cache import rotary_embedding
 from oracle import assert_matches, round_to
 
 ml_dtypes = pytest.importorskip("ml_dtypes")

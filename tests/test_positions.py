@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from cuprope.positions import context_parallel_positions, packed_positions
+from cuprope.rope.positions import context_parallel_positions, packed_positions
 
 
 def loop_packed(cu, offset):

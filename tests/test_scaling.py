@@ -676,3 +676,15 @@ def test_against_installed_transformers():
         mine, s = scaling.hf_table(conf, seq_len=seq_len)
         np.testing.assert_allclose(mine, inv.double().numpy(), rtol=1e-6)  # HF computes in fp32
         assert s == pytest.approx(att, rel=1e-6), (cls.__name__, rope_type)
+
+
+def test_the_public_face_carries_every_scheme_and_the_config_reader():
+    from cuprope.schemes import hf_config
+    from cuprope.schemes import scaling as schemes
+    assert scaling is cuprope.schemes
+    for mod in (schemes, hf_config):
+        for name in mod.__all__:
+            if name in ("ROPE_PARAMETER_KEYS", "OTHER_ROPE_KEYS"):  # hf_config's own tables
+                continue
+            assert getattr(scaling, name) is getattr(mod, name), name
+            assert name in scaling.__all__, name

@@ -105,7 +105,7 @@ def test_batched_positions_key_none_int32_and_errors():
     with pytest.raises(ValueError, match=r"positions\[1, 2\] = 20 is outside"):
         bad = pos.clone()
         bad[1, 2] = 20
-        from cuprope.cos_sin_cache import rotary_embedding
+        from cuprope.kvcache.cos_sin_cache import rotary_embedding
         rotary_embedding(bad, q, None, 32, cache, True, check=True)
 
 

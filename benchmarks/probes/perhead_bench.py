@@ -16,7 +16,7 @@ import torch
 
 import cuprope
 from cuprope import lrpe
-from cuprope.bench import time_gpu
+from cuprope.cli.bench_cases import time_gpu
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 

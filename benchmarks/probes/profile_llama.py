@@ -10,7 +10,7 @@ import sys
 import torch
 
 import cuprope
-from cuprope.bench import cos_sin_tables, hf_rope
+from cuprope.cli.bench_cases import cos_sin_tables, hf_rope
 
 dt = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[
     sys.argv[1] if len(sys.argv) > 1 else "bf16"]

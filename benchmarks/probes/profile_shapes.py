@@ -5,13 +5,13 @@ the suite's shapes, for Nsight Compute (the copy is torch's copy kernel):
         --section SpeedOfLight --section Occupancy --section LaunchStats \\
         python benchmarks/probes/profile_shapes.py mha-d64 [bf16]
 
-Shapes: the suite's (cuprope.bench.SHAPES), q alone."""
+Shapes: the suite's (cuprope.cli.bench_cases.SHAPES), q alone."""
 import sys
 
 import torch
 
 import cuprope
-from cuprope.bench import SHAPES
+from cuprope.cli.bench_cases import SHAPES
 
 b, s, h, _, d, r = SHAPES[sys.argv[1] if len(sys.argv) > 1 else "mha-d64"]
 dt = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[

@@ -13,7 +13,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 import cuprope  # noqa: E402
 import cuprope.torch as ctorch  # noqa: E402
-from cuprope.bench import time_gpu  # noqa: E402
+from cuprope.cli.bench_cases import time_gpu  # noqa: E402
 
 b, s, hq, hk, d = 4, 4096, 32, 8, 128
 dt = torch.bfloat16

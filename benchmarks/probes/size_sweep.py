@@ -3,7 +3,7 @@
 
     python benchmarks/probes/size_sweep.py [--shapes mha-d64,d256,llama3-8b] [--dtypes bf16]
 
-Shapes are the suite's (cuprope.bench.SHAPES). For each shape the sequence length is scaled by 1/4 ... 4; each row gives the
+Shapes are the suite's (cuprope.cli.bench_cases.SHAPES). For each shape the sequence length is scaled by 1/4 ... 4; each row gives the
 ratio to a copy of the same bytes and the *marginal* ratio between a size and
 the previous one (the copy's extra time over cuprope's extra time), which is
 the steady-state rate with the fixed costs cancelled."""
@@ -12,7 +12,7 @@ import argparse
 import torch
 
 import cuprope
-from cuprope.bench import SHAPES, time_gpu
+from cuprope.cli.bench_cases import SHAPES, time_gpu
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 SCALES = (0.25, 0.5, 1, 2, 4)

@@ -33,4 +33,6 @@ runs it through the driver on the caller's stream, replays it from
 * ``loader``: the kernel sources, their instantiation names, NVRTC modules
 * ``ptx``: PTX of single instantiations, for launchers that load PTX themselves
 * ``xla``: the CUDA lowering of the JAX adapters (jaxlib's GPU kernel call)
+* ``torch_guard``, ``torch_route``: where a core call on torch tensors goes
+  under autograd and ``torch.compile`` (the guard's test, then the route)
 """

@@ -4,8 +4,8 @@
   (shapes, layouts and dtypes in its docstring), its NumPy backend and launch;
 * ``caches.py``: its cache, scale, addressing and ``q_out`` arguments, checked;
 * ``cos_sin_cache.py``: the serving engines' cos/sin cache, built from a
-  RopeConfig, and vLLM's in-place ``rotary_embedding`` by it (public path
-  :mod:`cuprope.cos_sin_cache`); ``rotary.py``: that rotation itself, beneath
+  RopeConfig, and vLLM's in-place ``rotary_embedding`` by it (exported as
+  ``cuprope.cos_sin_cache``); ``rotary.py``: that rotation itself, beneath
   the guarded public function and the torch custom op; ``cache_copy.py``: the
   float32 copies it reads a cache of a third dtype through (kept per tensor
   version);

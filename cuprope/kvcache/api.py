@@ -79,11 +79,11 @@ from .._core.arrays import describe, overlaps
 from .._core import launcher
 from .launch import angle_table, copy_packs, kv_spec, pick_kv_vec
 from .._core.loader import KV_ANGLES, KV_FP8_CACHE, KV_FP8_Q
+from .._core.torch_guard import engaged_any
 from ..config import RopeConfig
 from .arrays import index_info, np_view, to_host, token_geometry
 from .caches import (KV_LAYOUTS, addressing, addressing_fields, cache_args, cache_views,
                      check_scales, is_fp8, q_out_info, refuse_jax, scale_info)
-from ..torch_guard import engaged_any
 
 __all__ = ["rope_append_kv", "KV_LAYOUTS", "token_geometry", "index_info", "to_host",
            "np_view"]
@@ -102,7 +102,7 @@ def rope_append_kv(q, k, v, config, positions, *, k_cache=None, v_cache=None, kv
     validated call's in dtype, shape, strides, device and alignment reuses
     its packed launch (cuprope/_core/fastpath.py).
 
-    Torch tensors (``cuprope.torch_guard``): an inference op, not
+    Torch tensors (``cuprope._core.torch_guard``): an inference op, not
     differentiable. With grad mode on, any tensor argument requiring grad (q,
     k, v, a scale, q_out or a cache) is a TypeError (a leaf written in place:
     RuntimeError, as torch's in-place ops); under ``torch.compile`` the call
@@ -112,7 +112,7 @@ def rope_append_kv(q, k, v, config, positions, *, k_cache=None, v_cache=None, kv
             q_scale, k_scale, v_scale, check, stream, enable_pdl)
     written = (q if q_out is None else q_out, k_cache, v_cache, kv_cache)
     if engaged_any(q, k, v, q_scale, k_scale, v_scale, *written):
-        from ..torch_route import inference_op
+        from .._core.torch_route import inference_op
         read = (q, k, v, q_scale, k_scale, v_scale)
         return inference_op("rope_append_kv", tuple(t for t in read if t is not None),
                             tuple(t for t in written if t is not None),

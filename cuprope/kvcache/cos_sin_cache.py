@@ -58,10 +58,10 @@ import numpy as np
 
 from . import reference as kref
 from .._core.arrays import describe
+from .._core.torch_guard import engaged_any
 from .launch import angle_table
 from ..config import RopeConfig
 from ..reference import round_to_dtype
-from ..torch_guard import engaged_any
 from .rotary import rotate_by_cache
 
 __all__ = ["build_cos_sin_cache", "rotary_embedding"]
@@ -77,7 +77,7 @@ def rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox=Tr
     validated call's in dtype, shape, strides, device and alignment reuses
     its packed launch (cuprope/_core/fastpath.py; the call itself is ``cuprope.kvcache.rotary``).
 
-    Torch tensors (``cuprope.torch_guard``): an inference op, not
+    Torch tensors (``cuprope._core.torch_guard``): an inference op, not
     differentiable. With grad mode on, query, key or cos_sin_cache requiring
     grad is a TypeError (query or key a leaf: RuntimeError, as torch's
     in-place ops); under ``torch.compile`` the call is the custom op

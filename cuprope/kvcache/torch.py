@@ -12,9 +12,9 @@ from typing import Optional
 
 import torch
 
-from .. import torch_route
+from .._core import torch_route
+from .._core.torch_guard import engaged_any
 from .._core.validate import check_flag
-from ..torch_guard import engaged_any
 from .rotary import rotate_by_cache
 
 __all__ = ["rotary_embedding"]

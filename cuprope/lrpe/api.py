@@ -41,7 +41,7 @@ act : ``"none"``, ``"relu"``, ``"sigmoid"``, ``"silu"`` or ``"softmax"``; it
 dim : ``None`` or ``-1`` (softmax over the head dim D) or ``1`` (softmax over
     the sequence N). Ignored by the elementwise activations.
 
-PyTorch (``cuprope.torch_guard``): ``cuprope.torch`` has no LRPE adapter, so
+PyTorch (``cuprope._core.torch_guard``): ``cuprope.torch`` has no LRPE adapter, so
 with grad mode on a tensor argument that requires grad (x, do, theta or out)
 is a TypeError (wrap the pair in your own ``torch.autograd.Function``, or call
 under ``torch.no_grad()``), and ``out=`` a leaf that requires grad a
@@ -62,9 +62,9 @@ from .._core import launcher
 from .._core.launcher import on_device
 from .._core.layout import canon_sizes, canon_strides
 from .._core.loader import LRPE_ACTS, lrpe_vec_widths
+from .._core.torch_guard import engaged
 from ..config import RopeConfig, host_array
 from .reference import ACTS, activation, backward_reference, forward_reference, rotate
-from ..torch_guard import engaged
 
 __all__ = ["rotate_1d_forward", "rotate_1d_backward", "normalize_theta", "activation",
            "rotate", "forward_reference", "backward_reference", "ACTS"]
@@ -159,8 +159,8 @@ def rotate_1d_backward(x, do, theta, *, offset: int = 0, act: str = "none", dim=
 
 
 def _torch(name, tensors, out, core):
-    """A call on torch tensors that torch_guard.engaged sent to cuprope.torch_route."""
-    from ..torch_route import no_adapter
+    """A call on torch tensors that torch_guard.engaged sent to cuprope._core.torch_route."""
+    from .._core.torch_route import no_adapter
     return no_adapter(name, tensors, () if out is None else (out,),
                       None if out is None else "out", core,
                       "your own torch.autograd.Function over rotate_1d_forward and "

@@ -81,13 +81,13 @@ from ..kvcache import reference as kref
 from .._core import engine, fastpath, launcher, validate
 from .._core.arrays import describe, overlaps
 from .._core.loader import KV_FP8_CACHE, KV_FP8_Q
+from .._core.torch_guard import engaged_any
 from ..config import RopeConfig
 from ..kvcache.arrays import index_info, np_view, to_host
 from ..kvcache.caches import (addressing, addressing_fields, check_scales, refuse_jax,
                               scale_info)
 from .launch import mla_spec, pick_vec
 from .reference import rotate_pe
-from ..torch_guard import engaged_any
 
 __all__ = ["rope_append_mla"]
 
@@ -168,7 +168,7 @@ def rope_append_mla(q_pe, k_pe, ckv, config, positions, *, kv_cache=None, ckv_ca
     ``enable_pdl``.
     Returns q_pe_out (or q_pe).
 
-    Torch tensors (``cuprope.torch_guard``): an inference op, not
+    Torch tensors (``cuprope._core.torch_guard``): an inference op, not
     differentiable. With grad mode on, any tensor argument requiring grad is
     a TypeError naming the training path (a leaf written in place, q_pe or a
     cache: RuntimeError, as torch's in-place ops); under ``torch.compile`` the
@@ -182,7 +182,7 @@ def rope_append_mla(q_pe, k_pe, ckv, config, positions, *, kv_cache=None, ckv_ca
             q_nope_out, q_pe_out, q_scale, kv_scale, check, stream, enable_pdl)
     if engaged_any(q_pe, k_pe, ckv, q_nope, q_scale, kv_scale, q_pe_out, q_nope_out, kv_cache,
                    ckv_cache, kpe_cache):
-        from ..torch_route import inference_op
+        from .._core.torch_route import inference_op
         written = (q_pe if q_pe_out is None else q_pe_out, q_nope_out, kv_cache, ckv_cache,
                    kpe_cache)
         return inference_op("rope_append_mla", (q_pe, k_pe, ckv, q_nope, q_scale, kv_scale),

@@ -57,10 +57,10 @@ from .. import reference as rref
 from .._core import engine, fastpath, launcher, validate
 from .._core.arrays import describe, overlaps
 from .._core.loader import KV_FP8_CACHE, KV_FP8_Q, vec_widths
+from .._core.torch_guard import engaged_any
 from ..config import RopeConfig
 from ..kvcache.arrays import np_view, to_host, token_geometry
 from ..qknorm.call import QkNormCall
-from ..torch_guard import engaged_any
 from . import launch, reference
 
 __all__ = ["qk_norm_rope_append_kv"]
@@ -79,7 +79,7 @@ def qk_norm_rope_append_kv(q, k, v, config, positions, *, q_weight=None, k_weigh
     write k and v into the cache rows the addressing names, in one launch
     (module docstring, also for ``enable_pdl``). Returns q_out (or q).
 
-    Torch tensors (``cuprope.torch_guard``): an inference op, not
+    Torch tensors (``cuprope._core.torch_guard``): an inference op, not
     differentiable. With grad mode on, any tensor argument requiring grad (q,
     k, v, a weight, a scale, q_out or a cache) is a TypeError naming
     ``cuprope.torch.rope_qk_norm`` for training (a leaf written in place:
@@ -96,7 +96,7 @@ def qk_norm_rope_append_kv(q, k, v, config, positions, *, q_weight=None, k_weigh
             v_scale, check, stream, enable_pdl)
     if engaged_any(q, k, v, q_weight, k_weight, q_scale, k_scale, v_scale, q_out, k_cache,
                    v_cache, kv_cache):
-        from ..torch_route import inference_op
+        from .._core.torch_route import inference_op
         read, written = grad_tensors(q, k, v, q_weight, k_weight, q_scale, k_scale, v_scale,
                                      q_out, k_cache, v_cache, kv_cache)
         return inference_op("qk_norm_rope_append_kv", read, written, lambda: _prologue(*args),

@@ -11,9 +11,9 @@ from typing import Optional
 
 import torch
 
+from .._core import torch_route
 from .._core.validate import check_flag
 from ..config import RopeConfig, config_by_key
-from .. import torch_route
 from .api import TRAINING, grad_tensors, qk_norm_rope_append_kv as _eager
 
 __all__ = ["qk_norm_rope_append_kv"]

@@ -35,7 +35,7 @@ are exact in fp32). The backward is the exact gradient with
 ``rounding="exact"``; in the model modes it is the gradient autograd forms for
 HF's modules, op by op in their dtypes (``cuprope.qknorm.reference.model_backward``).
 
-PyTorch (``cuprope.torch_guard``), with grad mode on: a forward whose q, k or
+PyTorch (``cuprope._core.torch_guard``), with grad mode on: a forward whose q, k or
 weights require grad goes through ``cuprope.torch.rope_qk_norm``
 (differentiable in q, k and the weights; the result requires grad); cos/sin
 tables that require grad, ``out=`` or ``stream=`` then raise a TypeError
@@ -48,7 +48,7 @@ RuntimeError. Under ``torch.compile`` the forward is the custom op
 from __future__ import annotations
 
 from .._core import validate
-from ..torch_guard import engaged
+from .._core.torch_guard import engaged
 from .call import QkNormCall, backward_call, forward_call
 
 __all__ = ["rope_qk_norm_forward", "rope_qk_norm_backward", "QkNormCall"]

@@ -17,7 +17,7 @@ from typing import Optional
 
 import torch
 
-from .. import torch_route
+from .._core import torch_route
 from .call import backward_call, forward_call
 from ..config import RopeConfig, config_by_key
 

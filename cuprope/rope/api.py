@@ -20,7 +20,7 @@ positions are not read back to check). dtypes: float32, float16,
 bfloat16 (math in fp32, angles in float64). Any stride for batch, sequence and
 head dims; the last dim must be contiguous.
 
-PyTorch (``cuprope.torch_guard``): with grad mode on, tensors that require
+PyTorch (``cuprope._core.torch_guard``): with grad mode on, tensors that require
 grad go through the differentiable adapter (``rope_forward`` /
 ``rope_backward`` -> ``cuprope.torch.rope``, ``rope_qk_forward`` /
 ``rope_qk_backward`` -> ``cuprope.torch.rope_qk``; the backward functions
@@ -52,9 +52,9 @@ RuntimeError; no effect on the NumPy backend; not under ``cuprope.jax``
 from __future__ import annotations
 
 from .._core.engine import rope_call
+from .._core.torch_guard import engaged
 from .._core.validate import pair
 from ..config import RopeConfig
-from ..torch_guard import engaged
 
 __all__ = ["rope_forward", "rope_backward", "rope_qk_forward", "rope_qk_backward"]
 

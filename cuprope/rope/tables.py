@@ -21,7 +21,7 @@ Shapes (``layout`` as in ``cuprope.rope.api``):
 The backward is the gradient autograd forms for HF's expression,
 ``g * cos + rotate_halfᵀ(g * sin)``, rounded the same way.
 
-PyTorch (``cuprope.torch_guard``), with grad mode on: q and k that require
+PyTorch (``cuprope._core.torch_guard``), with grad mode on: q and k that require
 grad (``rope_qk_table_*``) go through ``cuprope.torch``'s differentiable table
 op (the result requires grad); the single-tensor functions, and cos/sin that
 require grad, have no adapter here: TypeError naming
@@ -32,7 +32,7 @@ op ``cuprope::rope_qk_table``; the single-tensor ones a graph break.
 from __future__ import annotations
 
 from .._core import validate
-from ..torch_guard import engaged
+from .._core.torch_guard import engaged
 from .table_call import table_call
 
 __all__ = ["rope_table_forward", "rope_table_backward", "rope_qk_table_forward",

@@ -26,7 +26,7 @@ adapter's tests run without a GPU.
 
 The core functions (``cuprope.rope_qk_forward`` and the others) come here by
 themselves for torch tensors that require grad (grad mode on) and under
-``torch.compile`` (``cuprope.torch_guard``): they import this module only
+``torch.compile`` (``cuprope._core.torch_guard``): they import this module only
 then and call ``route_rope`` / ``route_tables`` (the end of this module),
 whose adapters are ``rotate`` and ``table_rotate`` (the forward or,
 ``inverse=True``, the transposed rotation, both differentiable). This module
@@ -41,11 +41,11 @@ from typing import Optional
 
 import torch
 
-from .. import torch_route
+from .._core import torch_route
 from .._core.engine import rope_call
+from .._core.torch_guard import engaged
 from .._core.validate import check_flag
 from ..config import RopeConfig, config_by_key
-from ..torch_guard import engaged
 from .table_call import table_call
 
 __all__ = ["rope_qk", "rope", "rotate", "table_rotate", "RopeQKFunction",
@@ -225,7 +225,7 @@ def rotate(xs, config: RopeConfig, inverse: bool, positions=None, offset: int = 
     tuple like ``xs``): the forward rotation, or with ``inverse`` the
     transposed one (``rope_backward``; its gradient is the forward). The
     custom op under torch.compile, the autograd.Function eagerly. The core
-    functions route here for tensors that require grad (cuprope.torch_guard).
+    functions route here for tensors that require grad (cuprope._core.torch_guard).
     ``enable_pdl``: programmatic dependent launches (``cuprope.rope.api``),
     the gradient's too."""
     inverse, offset = bool(inverse), int(offset)

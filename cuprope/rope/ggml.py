@@ -1,47 +1,9 @@
-"""ggml's rope op (``ggml_rope_ext`` / ``ggml_rope_multi``, and ``rope_back``) as a dialect.
-
-``rope(src0, pos, freq_factors, n_dims=..., mode=..., ...)`` takes ggml's
-arguments and computes what ggml's rope op computes, through the same
-``RopeConfig`` machinery as every other scheme (no kernel of its own): the
-per-pair frequency table, the position stream per pair and the cos/sin
-magnitude are derived once from ggml's parameters and cached.
-
-Shapes (NumPy order; ggml's ``ne`` is the reverse):
-
-* ``src0``: ``[B, S, N, D]`` (ggml ``[D, N, S, B]``) or ``[S, N, D]``; float32,
-  float16, or bfloat16 (an extra over ggml). The last dim must be contiguous.
-* ``pos``: int32 ``[S]``; for the multi-stream modes (``mode & MROPE``:
-  mrope, vision, imrope) int32 ``[4·S]`` laid out as ggml's: t₀…t_{S−1},
-  h₀…, w₀…, e₀… .
-* ``freq_factors``: optional float ``[≥ n_dims/2]`` (``[≥ n_dims]`` for vision,
-  where ggml reads one per pair of the whole head); θ of pair i is divided by
-  ``freq_factors[i]``. Values are rounded to float32 as ggml stores them.
-
-Modes (ggml's constants):
-
-=====================  =====  ===============================================
-mode                   value  pairs
-=====================  =====  ===============================================
-``NORMAL``             0      (2i, 2i+1), i < n_dims/2; dims >= n_dims copied
-``NEOX``               2      (i, i + n_dims/2); dims >= n_dims copied
-``MROPE``              8      as NEOX; pair i uses stream t/h/w/e by sector = i % Σsections
-``VISION``             24     (i, i + n_dims) over the whole head, n_dims = D/2;
-                              sections [y, x]: θ restarts at each section
-``IMROPE``             40     as NEOX; interleaved streams (Qwen3-VL), else e
-=====================  =====  ===============================================
-
-Angles: θ_ext = p·base^(−2k/n_dims)/ff[i] (k = i, or the index within the
-section for VISION); θ_int = freq_scale·θ_ext. With ``ext_factor != 0``:
-mix = (1 − clamp((i − low)/max(0.001, high − low), 0, 1))·ext_factor,
-θ = θ_int·(1 − mix) + θ_ext·mix and mscale = attn_factor·(1 + 0.1·ln(1/freq_scale));
-else θ = θ_int and mscale = attn_factor. (low, high) = :func:`yarn_corr_dims`.
-cos and sin are multiplied by mscale; ``forward=False`` is ggml's
-``rope_back``: the transposed rotation (−sin), same tables and mscale.
-
-Precision: ggml computes θ in float32, building base^(−2i/n_dims) by repeated
-multiplication. Here every angle is the float64 product p·inv_freq[i] with
-inv_freq computed in float64 from the float64 parameters, so results agree
-with ggml to ggml's own float32 rounding (better at long context).
+"""ggml's rope op (``ggml_rope_ext``, ``ggml_rope_multi`` and ``rope_back``) as
+a dialect of the rope op: ``rope`` takes ggml's arguments and rotates through
+the ``RopeConfig`` that ``rope_config`` derives from them (cached), with no
+kernel of its own. Shapes are in NumPy order (ggml's ``ne`` reversed). Angles
+are float64 products where ggml forms them in float32, so results agree with
+ggml to ggml's own float32 rounding (better at long context).
 """
 from __future__ import annotations
 
@@ -49,12 +11,12 @@ import math
 
 import numpy as np
 
-from ._core.arrays import describe
-from ._core.cache import ConfigCache
-from ._core.checks import as_float, as_int
-from .rope.api import rope_backward, rope_forward
-from .config import RopeConfig, host_array
-from .torch_guard import engaged
+from .._core.arrays import describe
+from .._core.cache import ConfigCache
+from .._core.checks import as_float, as_int
+from .._core.torch_guard import engaged
+from ..config import RopeConfig, host_array
+from .api import rope_backward, rope_forward
 
 __all__ = ["NORMAL", "NEOX", "MROPE", "VISION", "IMROPE", "MODES", "rope", "rope_config",
            "yarn_corr_dims", "pair_streams"]
@@ -195,10 +157,16 @@ def rope_config(head_dim: int, freq_factors=None, *, n_dims: int, mode: int, n_c
     """The ``RopeConfig`` equivalent to ggml's rope op on heads of ``head_dim`` (D).
 
     rotary_dim = n_dims (vision: D, pairs (i, i + n_dims)); interleaved for
-    NORMAL, half split otherwise; inv_freq[i] = base^(−2k_i/n_dims)/ff[i]·
-    (freq_scale·(1 − mix_i) + mix_i); stream_map from :func:`pair_streams` for
-    the multi modes (positions ``[n_streams, S]``, n_streams <= 4); scale =
-    mscale. Cached per parameter set."""
+    NORMAL, half split otherwise; stream_map from :func:`pair_streams` for the
+    multi modes (positions ``[n_streams, S]``, n_streams <= 4). Cached per
+    parameter set.
+
+    Angles: θ_ext = p·base^(−2k/n_dims)/ff[i] (k = i, or the index within the
+    section for VISION); θ_int = freq_scale·θ_ext. With ``ext_factor != 0``:
+    mix = (1 − clamp((i − low)/max(0.001, high − low), 0, 1))·ext_factor,
+    θ = θ_int·(1 − mix) + θ_ext·mix and mscale = attn_factor·(1 + 0.1·ln(1/freq_scale));
+    else θ = θ_int and mscale = attn_factor ((low, high): :func:`yarn_corr_dims`).
+    cos and sin are multiplied by mscale (the config's ``scale``)."""
     head_dim = _int(head_dim, "head dim")
     n_dims, mode, secs = _check_params(head_dim, n_dims, mode, sections)
     n_ctx_orig = _int(n_ctx_orig, "n_ctx_orig")
@@ -262,18 +230,38 @@ def rope(src0, pos, freq_factors=None, *, n_dims: int, mode: int, n_ctx_orig: in
          attn_factor: float = 1.0, beta_fast: float = 32.0, beta_slow: float = 1.0,
          sections=(0, 0, 0, 0), forward: bool = True, out=None, inplace: bool = False,
          stream=None):
-    """ggml's rope op (``forward=False``: ``rope_back``). See the module docstring.
+    """ggml's rope op; ``forward=False`` is ``rope_back``, the transposed
+    rotation (−sin) by the same tables and magnitude.
 
-    ``src0``: ``[B, S, N, D]`` or ``[S, N, D]``, float32/float16/bfloat16, any
-    framework cuprope accepts (GPU arrays run the CUDA kernel, host arrays the
-    float64 reference). ``pos``: int32 ``[S]``, or ``[4·S]`` for mrope, vision
-    and imrope, on the same device. ``out``/``inplace``/``stream`` as in
-    :func:`cuprope.rope_forward`. Returns the rotated array (dims the op does not
-    rotate are copied unchanged). Torch tensors: as ``cuprope.rope_forward`` /
-    ``rope_backward`` (differentiable with grad mode on), but under
-    ``torch.compile`` a graph break (it runs eagerly)."""
+    * ``src0``: ``[B, S, N, D]`` (ggml ``[D, N, S, B]``) or ``[S, N, D]``;
+      float32, float16 or bfloat16 (an extra over ggml), any framework cuprope
+      accepts (GPU arrays run the CUDA kernel, host arrays the float64
+      reference); the last dim must be contiguous.
+    * ``pos``: int32 ``[S]`` on the same device; for the multi-stream modes
+      (``mode & MROPE``: mrope, vision, imrope) ``[4·S]`` laid out as ggml's:
+      t₀…t_{S−1}, h₀…, w₀…, e₀… .
+    * ``freq_factors``: optional float ``[≥ n_dims/2]`` (``[≥ n_dims]`` for
+      vision, one per pair of the whole head); θ of pair i is divided by
+      ``freq_factors[i]``, rounded to float32 as ggml stores it.
+
+    =========  =====  ===============================================
+    mode       value  pairs
+    =========  =====  ===============================================
+    NORMAL     0      (2i, 2i+1), i < n_dims/2; dims >= n_dims copied
+    NEOX       2      (i, i + n_dims/2); dims >= n_dims copied
+    MROPE      8      as NEOX; pair i uses stream t/h/w/e by sector = i % Σsections
+    VISION     24     (i, i + n_dims) over the whole head, n_dims = D/2;
+                      sections [y, x]: θ restarts at each section
+    IMROPE     40     as NEOX; interleaved streams (Qwen3-VL), else e
+    =========  =====  ===============================================
+
+    Angles and magnitude: :func:`rope_config`. ``out``/``inplace``/``stream``
+    as in :func:`cuprope.rope_forward`. Returns the rotated array. Torch
+    tensors: as ``cuprope.rope_forward`` / ``rope_backward`` (differentiable
+    with grad mode on), but under ``torch.compile`` a graph break (it runs
+    eagerly)."""
     if engaged(src0, None, out):
-        from .torch_route import untraceable
+        from .._core.torch_route import untraceable
         return untraceable(lambda: _rope(src0, pos, freq_factors, n_dims, mode, n_ctx_orig,
                                          freq_base, freq_scale, ext_factor, attn_factor,
                                          beta_fast, beta_slow, sections, forward, out, inplace,

@@ -1,14 +1,13 @@
-"""``python -m cuprope bench``: the short suite over ``cuprope.bench``'s cases
-(a table on the terminal, and one decode token's host and kernel time), and
-``--suite``, which hands over to benchmarks/bench_suite.py in a source
-checkout. ``HELP`` is the command's help text.
-"""
+"""``python -m cuprope bench``: the short suite over ``bench_cases``' cases (a
+table, and one decode token's host and kernel time), or ``--suite``, which
+hands over to benchmarks/bench_suite.py in a source checkout. ``HELP`` is the
+command's help text."""
 from __future__ import annotations
 
 import sys
 import time
 
-from . import bench
+from . import bench_cases
 
 HELP = """\
 Time cuprope's fused q/k RoPE on this machine's GPU: a few minutes at most.
@@ -50,9 +49,9 @@ def decode_host_and_kernel(dtype_name="bf16", batch=1, calls=2000):
     burst of host noise moves one block, not the figure) and kernel µs per call
     (CUDA graph replay)."""
     import cuprope
-    torch = bench.torch_module()
+    torch = bench_cases.torch_module()
     dt = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype_name]
-    _, _, hq, hk, d, r = bench.DECODE
+    _, _, hq, hk, d, r = bench_cases.DECODE
     cfg = cuprope.RopeConfig(r)
     q = torch.randn(batch, 1, hq, d, device="cuda", dtype=dt)
     k = torch.randn(batch, 1, hk, d, device="cuda", dtype=dt)
@@ -103,7 +102,8 @@ def short_suite(progress=True, dtype=None, reps=15, peers=True):
     for n, (shape, op, dt) in enumerate(cases):
         if progress:
             _progress(n, len(cases), f"{shape} {op} {dt}")
-        rows += bench.run_case(shape, bench.SHAPES[shape], op, dt, peers=peers, reps=reps)
+        rows += bench_cases.run_case(shape, bench_cases.SHAPES[shape], op, dt, peers=peers,
+                                     reps=reps)
     if progress:
         _progress(len(cases), len(cases), "done")
         print(file=sys.stderr)
@@ -136,7 +136,7 @@ def main_short(dtype=None, reps=15, peers=True, decode=True):
               f"backend is a reference, not a benchmark target)")
         return 0
     try:
-        torch = bench.torch_module()
+        torch = bench_cases.torch_module()
     except ImportError:
         print("cuprope bench: needs PyTorch (its CUDA events, tensors and the torch peers): "
               "pip install torch", file=sys.stderr)
@@ -160,7 +160,7 @@ def suite_path():
     """``benchmarks/bench_suite.py`` of the source checkout this package runs
     from, or None (an installed wheel ships no benchmarks)."""
     from pathlib import Path
-    path = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_suite.py"
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_suite.py"
     return path if path.is_file() else None
 
 

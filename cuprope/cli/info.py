@@ -115,8 +115,8 @@ def _dir_size(path):
 
 
 def report() -> str:
-    from . import __version__
-    from ._core import loader as _loader
+    from .. import __version__
+    from .._core import loader as _loader
     lines = [f"cuprope {__version__} (kernel sources {_loader.source_hash()} in {_loader.kernel_dir()})",
              f"python {platform.python_version()}, numpy {_version('numpy')}, cupy {_version('cupy')}, "
              f"torch {_version('torch')}, jax {_version('jax')}, ml_dtypes {_version('ml_dtypes')}"]

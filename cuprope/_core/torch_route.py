@@ -1,14 +1,16 @@
-"""Where a core call on torch tensors goes when ``cuprope.torch_guard.engaged``
-says it cannot run the core as is (that module's docstring gives the rules).
+"""Where a core call on torch tensors goes when ``torch_guard.engaged`` says
+it cannot run as is:
 
-``call`` decides for every front end, from what the front end hands it: the
-core call as is, and the op's differentiable twin (its adapter) or None. It
-imports no op: each op's torch adapter module builds ``call``'s arguments for
-its own functions (``cuprope.rope.torch.route_rope`` / ``route_tables``,
-``cuprope.qknorm.torch.route_forward`` / ``route_backward``,
-``cuprope.kvcache.torch.route_rotation``), and the op's public function
-imports that module only once a torch tensor needs it. The front ends with
-no adapter use ``no_adapter``, ``untraceable`` and ``inference_op`` below.
+* grad mode on and a tensor argument requires grad: the op's differentiable
+  adapter (the result requires grad), or a TypeError naming what to use;
+* grad mode on and a write (``inplace=True``, ``out=``) into a leaf that
+  requires grad, or a view of one: RuntimeError, as torch's in-place ops;
+* ``torch.compile`` tracing: the adapter's custom op, else a graph break.
+
+``call`` decides for every front end; each op's torch module builds its
+arguments (``route_*`` in ``cuprope.rope.torch``, ``cuprope.qknorm.torch``,
+``cuprope.kvcache.torch``). Front ends with no adapter use ``no_adapter``,
+``untraceable`` and ``inference_op``.
 """
 from __future__ import annotations
 

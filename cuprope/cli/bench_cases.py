@@ -1,18 +1,8 @@
-"""Roofline benchmark: cuprope against a device-to-device copy of the same bytes
-and against the peers that are installed (torch eager and torch.compile of the
-HF formula; Liger, flash-attention and FlashInfer when importable).
-
-Bandwidth counts the fewest bytes an operation must move: each input read once
-and each output written once (cos/sin tables not counted; in-place partial
-rotary counts only the rotated dims). Times are CUDA-event medians after
-warm-up; a GPU sleep is queued before each start event so the host's launch
-overhead stays outside the measured interval; inputs rotate among several
-buffer sets so large cases do not run out of L2.
-
-The cases and their timing live here (``run_case``, ``run_scheme_case``,
-``time_gpu``), shared with benchmarks/bench_suite.py (the full suite: CSV and
-plot); ``python -m cuprope bench`` runs the short suite of
-``cuprope.bench_short``.
+"""The timed cases of ``python -m cuprope bench``, shared with
+benchmarks/bench_suite.py: cuprope against a device copy of the same bytes
+(the fewest an op must move: inputs read once, outputs written once) and the
+installed peers. ``time_gpu``: CUDA-event medians after warm-up, a GPU sleep
+queued before each start so host launch overhead stays outside the interval.
 """
 from __future__ import annotations
 
@@ -153,7 +143,7 @@ def run_case(name, shape, op, dtype_name, peers=True, sets=2, reps=30):
             hf_rope(q, k, cos, sin)
         rows.append(Row(name, op, dtype_name, "torch-eager", shape, nbytes, time_gpu(eager, reps=reps),
                         t_copy))
-        from cuprope import tables
+        from ..rope import tables
 
         def hf_tables():  # the same HF formula through cuprope's cos/sin-table source
             j = pick()
@@ -185,7 +175,7 @@ def run_scheme_case(name, shape, op, dtype_name, sets=2, reps=30):
     import numpy as np
 
     import cuprope
-    from cuprope import lrpe, scaling
+    from .. import lrpe, schemes
     torch = torch_module()
     dt = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype_name]
     b, s, hq, hk, d, r = shape
@@ -211,12 +201,12 @@ def run_scheme_case(name, shape, op, dtype_name, sets=2, reps=30):
         nbytes = 2 * b * s * (hq + hk) * d * esz
         pos = None
         if op == "yarn":
-            cfg = scaling.rope_config_from_hf({
+            cfg = schemes.rope_config_from_hf({
                 "rope_theta": 1e6, "head_dim": d, "max_position_embeddings": 131072,
                 "rope_scaling": {"rope_type": "yarn", "factor": 4.0,
                                  "original_max_position_embeddings": 32768}})
         else:
-            cfg = scaling.mrope_config([d // 8, 3 * d // 16, 3 * d // 16], base=1e6)
+            cfg = schemes.mrope_config([d // 8, 3 * d // 16, 3 * d // 16], base=1e6)
             pos = torch.randint(0, 4096, (3, b, s), device="cuda", dtype=torch.int32)
 
         def ours():
@@ -234,10 +224,8 @@ _PEERS = (("liger_kernel", "liger-kernel"), ("flash_attn", "flash-attention"),
 
 
 def _other_peers(name, op, dtype_name, shape, nbytes, t_copy, bufs, cos, sin, pick, reps):
-    """Liger, flash-attention and FlashInfer: none is installed on the machines
-    measured so far (../shared/MEASURED.md has their figures on the same GPU
-    model), and their call paths are not wired into this suite yet, so each is
-    reported, never silently dropped."""
+    """Liger, flash-attention and FlashInfer: their call paths are not wired
+    into this suite, so each is reported as skipped, never silently dropped."""
     import importlib.util
     for mod, label in _PEERS:
         if importlib.util.find_spec(mod) is None:

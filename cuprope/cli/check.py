@@ -8,9 +8,9 @@ import time
 
 import numpy as np
 
-from . import reference
-from .rope.api import rope_backward, rope_forward, rope_qk_forward
-from .config import LAYOUTS, RopeConfig
+from .. import reference
+from ..config import LAYOUTS, RopeConfig
+from ..rope.api import rope_backward, rope_forward, rope_qk_forward
 
 DTYPES = ("float32", "float16", "bfloat16")
 MAX_HEAD_DIM = 1024  # the API takes larger heads; the cap keeps the check quick
