@@ -163,7 +163,7 @@ def liger_available(run):
 
 def timed(fn, run):
     """Median seconds of ``fn()`` over run.reps calls after one warm-up (CUDA
-    events, ``cuprope.bench.time_gpu``; wall clock on a dry run)."""
+    events, ``cuprope.cli.bench_cases.time_gpu``; wall clock on a dry run)."""
     if not run.dry:
         from cuprope.cli.bench_cases import time_gpu
         return time_gpu(fn, reps=run.reps, warm=1)
