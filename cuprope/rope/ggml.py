@@ -1,9 +1,8 @@
 """ggml's rope op (``ggml_rope_ext``, ``ggml_rope_multi`` and ``rope_back``) as
-a dialect of the rope op: ``rope`` takes ggml's arguments and rotates through
-the ``RopeConfig`` that ``rope_config`` derives from them (cached), with no
-kernel of its own. Shapes are in NumPy order (ggml's ``ne`` reversed). Angles
-are float64 products where ggml forms them in float32, so results agree with
-ggml to ggml's own float32 rounding (better at long context).
+a dialect of the rope op, exported as ``cuprope.ggml``: :func:`rope` takes
+ggml's arguments and rotates through the ``RopeConfig`` that
+:func:`rope_config` derives from them, with no kernel of its own. Shapes are
+in NumPy order (ggml's ``ne`` reversed).
 """
 from __future__ import annotations
 
@@ -156,17 +155,39 @@ def rope_config(head_dim: int, freq_factors=None, *, n_dims: int, mode: int, n_c
                 sections=(0, 0, 0, 0), layout: str = "bshd") -> RopeConfig:
     """The ``RopeConfig`` equivalent to ggml's rope op on heads of ``head_dim`` (D).
 
-    rotary_dim = n_dims (vision: D, pairs (i, i + n_dims)); interleaved for
-    NORMAL, half split otherwise; stream_map from :func:`pair_streams` for the
-    multi modes (positions ``[n_streams, S]``, n_streams <= 4). Cached per
-    parameter set.
+    Parameters
+    ----------
+    head_dim : int
+        D.
+    freq_factors : float array, optional
+        As :func:`rope`'s.
+    n_dims, mode, n_ctx_orig, freq_base, freq_scale, ext_factor, attn_factor,
+    beta_fast, beta_slow, sections
+        ggml's rope parameters of those names (``mode``: one of
+        :data:`MODES`; ``sections``: four ints, the multi modes' t/h/w/e
+        sections). freq_base, freq_scale and attn_factor must be > 0.
+    layout : {"bshd", "bhsd", "thd"}
+        The config's layout.
 
+    Returns
+    -------
+    RopeConfig
+        rotary_dim = n_dims (vision: D, pairs (i, i + n_dims)); interleaved
+        for NORMAL, half split otherwise; stream_map from
+        :func:`pair_streams` for the multi modes (positions
+        ``[n_streams, S]``, n_streams <= 4). Cached per parameter set
+        (ValueError for parameters that give non-finite angles).
+
+    Notes
+    -----
     Angles: θ_ext = p·base^(−2k/n_dims)/ff[i] (k = i, or the index within the
     section for VISION); θ_int = freq_scale·θ_ext. With ``ext_factor != 0``:
     mix = (1 − clamp((i − low)/max(0.001, high − low), 0, 1))·ext_factor,
     θ = θ_int·(1 − mix) + θ_ext·mix and mscale = attn_factor·(1 + 0.1·ln(1/freq_scale));
     else θ = θ_int and mscale = attn_factor ((low, high): :func:`yarn_corr_dims`).
-    cos and sin are multiplied by mscale (the config's ``scale``)."""
+    cos and sin are multiplied by mscale (the config's ``scale``). Angles are
+    float64 products where ggml forms them in float32, so results agree with
+    ggml to ggml's own float32 rounding (better at long context)."""
     head_dim = _int(head_dim, "head dim")
     n_dims, mode, secs = _check_params(head_dim, n_dims, mode, sections)
     n_ctx_orig = _int(n_ctx_orig, "n_ctx_orig")
@@ -255,8 +276,10 @@ def rope(src0, pos, freq_factors=None, *, n_dims: int, mode: int, n_ctx_orig: in
     IMROPE     40     as NEOX; interleaved streams (Qwen3-VL), else e
     =========  =====  ===============================================
 
-    Angles and magnitude: :func:`rope_config`. ``out``/``inplace``/``stream``
-    as in :func:`cuprope.rope_forward`. Returns the rotated array. Torch
+    The other keyword arguments are :func:`rope_config`'s (angles and
+    magnitude there). ``out``/``inplace``/``stream`` as in
+    :func:`cuprope.rope_forward`. Returns the rotated array, src0's shape and
+    dtype (``src0`` itself when ``inplace``, ``out`` when given). Torch
     tensors: as ``cuprope.rope_forward`` / ``rope_backward`` (differentiable
     with grad mode on), but under ``torch.compile`` a graph break (it runs
     eagerly)."""

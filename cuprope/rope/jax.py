@@ -1,34 +1,8 @@
-"""JAX adapter: cuprope inside ``jax.jit``, ``jax.grad``, ``jax.vmap`` and
-sharding, as a native XLA kernel launch.
-
-* ``rope(x, config, *, positions=None, offset=0, seq_offsets=None)`` and
-  ``rope_qk(q, k, config, ...)``: shapes as ``cuprope.rope_forward`` /
-  ``cuprope.rope_qk_forward``.
-* ``rope_table(x, cos, sin, *, layout="bshd", interleaved=False)`` and
-  ``rope_qk_table(q, k, cos, sin, ...)``: as ``cuprope.tables`` (HF's
-  formula with PyTorch's roundings). cos and sin are constants to ``grad``
-  (their cotangent is zero).
-* ``rotate_1d(x, theta, *, offset=0, act="none", dim=None)``: LRPE, as
-  ``cuprope.lrpe.rotate_1d_forward``; ``theta`` must be concrete (a NumPy
-  array or list). Softmax over the sequence (``dim=1``) lowers to two kernel
-  calls on a GPU: its statistics pass, then the rotation.
-
-Every function is differentiable (``jax.custom_vjp``: cuprope's backward
-through the same kernels), batches under ``jax.vmap`` (a leading axis of the
-rotated tensors folds into their batch dim where the layout has one and the
-other operands are not batched; otherwise the call runs once per element)
-and partitions under ``jax.sharding`` over the batch and head dims (each
-shard runs the kernel on its own device; the sequence and head dim are
-replicated first; ``cuprope/_core/jax_sharding.py``). ``config``, ``offset``, ``layout``,
-``interleaved``, ``theta``, ``act`` and ``dim`` are static (a new value
-retraces); pass ``positions=`` for positions that change from step to step.
-
-On a GPU the call lowers to jaxlib's GPU kernel call (the custom call that
-jax-triton launches PTX through) with cuprope's own PTX, compiled by NVRTC
-at trace time: the kernel, grid and arguments are fixed in the compiled
-program and nothing in Python runs when it executes. On the CPU backend it
-runs cuprope's NumPy backend through ``jax.pure_callback`` (bfloat16 too).
-Results under ``jit`` equal the eager call's bit for bit.
+"""JAX adapter of the rotation family (RoPE, cos/sin tables, LRPE's
+rotate-1d) as one XLA primitive, inside ``jax.jit``, ``jax.grad``,
+``jax.vmap`` and sharding (re-exported by :mod:`cuprope.jax`). What every
+function shares (differentiation, vmap, sharding, static arguments, the
+lowering) is in :func:`rope`'s docstring.
 """
 from __future__ import annotations
 
@@ -115,6 +89,10 @@ def _host_call(call: Call, *args):
     return tuple(np.asarray(r) for r in (res if isinstance(res, tuple) else (res,)))
 
 
+# CPU: the NumPy backend through jax.pure_callback (bfloat16 too). CUDA:
+# jaxlib's GPU kernel call (the custom call jax-triton launches PTX through)
+# with cuprope's own PTX, compiled by NVRTC at trace time, so the kernel,
+# grid and arguments are fixed in the compiled program.
 mlir.register_lowering(rope_p, host_lowering(_host_call), platform="cpu")
 mlir.register_lowering(rope_p, xla.lower_cuda, platform="cuda")
 
@@ -202,12 +180,71 @@ def _rope_call(config, xs, positions, offset, seq_offsets):
 
 
 def rope(x, config: RopeConfig, *, positions=None, offset: int = 0, seq_offsets=None):
-    """Differentiable, jit-able single-tensor RoPE on JAX arrays."""
+    """Differentiable, jit-able single-tensor RoPE on JAX arrays.
+
+    Parameters
+    ----------
+    x : jax.Array
+        Shape by ``config.layout``: ``[B, S, H, D]``, ``[B, H, S, D]`` or
+        ``[T, H, D]``; float32, float16 or bfloat16 (as
+        :func:`cuprope.rope_forward`).
+    config : RopeConfig
+        Static.
+    positions : jax.Array, optional
+        int32/int64, ``[S]``, ``[B, S]`` or ``[T]`` (a leading stream axis
+        under a stream map). Pass positions that change from step to step
+        here, not as ``offset``.
+    offset : int
+        Static (a Python int; a new value retraces).
+    seq_offsets : jax.Array, optional
+        int32/int64 ``[B]``.
+
+    Returns
+    -------
+    jax.Array
+        The rotated array.
+
+    Notes
+    -----
+    Every function of this module is differentiable (``jax.custom_vjp``:
+    cuprope's backward through the same kernels), batches under
+    ``jax.vmap`` (a leading axis of the rotated tensors folds into their
+    batch dim where the layout has one and the other operands are not
+    batched; otherwise the call runs once per element) and partitions under
+    ``jax.sharding`` over the batch and head dims (each shard runs the kernel
+    on its own device; the sequence and head dim are replicated first;
+    ``cuprope/_core/jax_sharding.py``). ``config``, ``offset``, ``layout``,
+    ``interleaved``, ``theta``, ``act`` and ``dim`` are static (a new value
+    retraces).
+
+    On a GPU the call lowers to jaxlib's GPU kernel call with cuprope's own
+    PTX, compiled by NVRTC at trace time: the kernel, grid and arguments are
+    fixed in the compiled program and nothing in Python runs when it
+    executes. On the CPU backend it runs cuprope's NumPy backend through
+    ``jax.pure_callback`` (bfloat16 too). Results under ``jit`` equal the
+    eager call's bit for bit. ``enable_pdl`` is not offered (jaxlib's kernel
+    call takes no launch attributes).
+    """
     return _rope_call(config, (x,), positions, offset, seq_offsets)[0]
 
 
 def rope_qk(q, k, config: RopeConfig, *, positions=None, offset: int = 0, seq_offsets=None):
-    """Differentiable, jit-able fused q/k RoPE on JAX arrays. Returns (q_rot, k_rot)."""
+    """Differentiable, jit-able fused q/k RoPE on JAX arrays.
+
+    Parameters
+    ----------
+    q, k : jax.Array
+        Shapes by ``config.layout`` as :func:`cuprope.rope_qk_forward`
+        (``"bshd"``: q ``[B, S, Hq, D]``, k ``[B, S, Hk, D]``); one dtype.
+    config, positions, offset, seq_offsets
+        As :func:`rope`.
+
+    Returns
+    -------
+    tuple of jax.Array
+        ``(q_rot, k_rot)``. Gradients, vmap, sharding and lowering as
+        :func:`rope`.
+    """
     return _rope_call(config, (q, k), positions, offset, seq_offsets)
 
 
@@ -217,18 +254,77 @@ def _table_call(xs, cos, sin, layout, interleaved):
 
 
 def rope_table(x, cos, sin, *, layout: str = "bshd", interleaved: bool = False):
-    """``x * cos + rotate_half(x) * sin`` with the caller's tables (``cuprope.tables``)."""
+    """``x * cos + rotate_half(x) * sin`` with the caller's tables, HF's
+    formula with PyTorch's roundings (as :func:`cuprope.tables.rope_table_forward`).
+
+    Parameters
+    ----------
+    x : jax.Array
+        ``[B, S, H, D]`` (``"bshd"``), ``[B, H, S, D]`` (``"bhsd"``) or
+        ``[T, H, D]`` (``"thd"``); float32, float16 or bfloat16.
+    cos, sin : jax.Array
+        ``[B, S, R]``, ``[1, S, R]`` or ``[S, R]`` (``[T, R]`` for
+        ``"thd"``) in x's dtype; R even, R <= D. Constants to ``grad``
+        (their cotangent is zero).
+    layout : {"bshd", "bhsd", "thd"}
+        Static.
+    interleaved : bool
+        Static. Pairs (2j, 2j+1) when True, halves (j, j + R/2) when False.
+
+    Returns
+    -------
+    jax.Array
+        The rotated array. Gradients, vmap, sharding and lowering as
+        :func:`rope`.
+    """
     return _table_call((x,), cos, sin, layout, interleaved)[0]
 
 
 def rope_qk_table(q, k, cos, sin, *, layout: str = "bshd", interleaved: bool = False):
-    """q and k by the caller's cos/sin tables, one launch. Returns (q_rot, k_rot)."""
+    """q and k by the caller's cos/sin tables, in one launch.
+
+    Parameters
+    ----------
+    q, k : jax.Array
+        As x of :func:`rope_table`; their head counts may differ.
+    cos, sin, layout, interleaved
+        As :func:`rope_table`.
+
+    Returns
+    -------
+    tuple of jax.Array
+        ``(q_rot, k_rot)``.
+    """
     return _table_call((q, k), cos, sin, layout, interleaved)
 
 
 def rotate_1d(x, theta, *, offset: int = 0, act: str = "none", dim=None):
-    """LRPE rotate-1d: ``rotate(act(x, dim))`` (``cuprope.lrpe``); x ``[B, N, H, D]``
-    or ``[B, N, D]``, theta concrete."""
+    """LRPE rotate-1d: ``rotate(act(x, dim))``, as
+    :func:`cuprope.lrpe.rotate_1d_forward`.
+
+    Parameters
+    ----------
+    x : jax.Array
+        ``[B, N, H, D]`` or ``[B, N, D]``; float32, float16 or bfloat16.
+    theta : array-like
+        Concrete (a NumPy array or list; a tracer is a TypeError): its
+        table is fixed when the call is traced. Shapes as
+        :func:`cuprope.lrpe.normalize_theta` takes them. Static.
+    offset : int
+        Static.
+    act : str
+        One of ``cuprope.lrpe.ACTS``. Static.
+    dim : {None, -1, 1}
+        The softmax's axis: the head dim (-1) or the sequence (1). Static.
+        Softmax over the sequence lowers to two kernel calls on a GPU: its
+        statistics pass, then the rotation.
+
+    Returns
+    -------
+    jax.Array
+        x's shape and dtype. Gradients, vmap, sharding and lowering as
+        :func:`rope`.
+    """
     if isinstance(theta, jax.core.Tracer):
         raise TypeError("theta must be concrete under jax (a NumPy array or list): its table "
                         "is fixed when the call is traced")

@@ -1,8 +1,8 @@
-"""Position tensors for packed (varlen) batches and for context parallelism.
-
-Each helper returns an int tensor in the framework and on the device of its
-``like`` argument (a torch tensor, CuPy or NumPy array), built there without a
-host round trip when the sizes are given, ready to pass as ``positions=``.
+"""Position tensors for packed (varlen) batches and for context parallelism,
+exported as ``cuprope.positions``: each helper returns an int tensor in the
+framework and on the device of its ``cu_seqlens`` / ``like`` argument (a
+torch tensor, CuPy or NumPy array), built there without a host round trip
+when the sizes are given, ready to pass as ``positions=``.
 """
 from __future__ import annotations
 
@@ -27,9 +27,23 @@ def packed_positions(cu_seqlens, total_tokens: int | None = None, *, offset: int
     """Positions ``[T]`` for tokens packed back to back: token t of sequence i
     (``cu_seqlens[i] <= t < cu_seqlens[i+1]``) sits at ``offset + t - cu_seqlens[i]``.
 
-    cu_seqlens: int ``[n_seq + 1]``, starting at 0, non-decreasing (torch, CuPy or
-    NumPy; the result lives beside it). total_tokens: T; give it to avoid a
-    device-to-host read of ``cu_seqlens[-1]`` (CUDA-graph safe).
+    Parameters
+    ----------
+    cu_seqlens : int array ``[n_seq + 1]``
+        Starting at 0, non-decreasing (torch, CuPy or NumPy; the result lives
+        beside it).
+    total_tokens : int, optional
+        T; give it to avoid a device-to-host read of ``cu_seqlens[-1]``
+        (CUDA-graph safe).
+    offset : int
+        Added to every position.
+    dtype : str
+        The result's integer dtype, ``"int32"`` or ``"int64"``.
+
+    Returns
+    -------
+    array ``[T]``
+        ``dtype``, in ``cu_seqlens``' framework and on its device.
     """
     kind, xp = _xp(cu_seqlens)
     if len(cu_seqlens.shape) != 1 or cu_seqlens.shape[0] < 1:
@@ -54,6 +68,26 @@ def context_parallel_positions(local_len: int, cp_size: int, cp_rank: int, *, of
     c = local_len / 2 tokens and rank r holds chunks r and 2·cp_size − 1 − r,
     so its first half sits at ``s + r·c`` and its second half at
     ``(s − c) + (2·cp_size − 1 − r)·c`` (TransformerEngine's convention).
+
+    Parameters
+    ----------
+    local_len : int
+        The rank's token count, even (two chunks per rank).
+    cp_size, cp_rank : int
+        The context-parallel group's size and this rank, ``0 <= cp_rank <
+        cp_size``.
+    offset : int
+        Added to every position.
+    like : array, optional
+        A torch tensor, CuPy or NumPy array whose framework and device the
+        result takes (default: NumPy).
+    dtype : str
+        ``"int32"`` or ``"int64"``.
+
+    Returns
+    -------
+    array ``[local_len]``
+        ``dtype``, beside ``like``.
     """
     if local_len % 2:
         raise ValueError(f"local_len must be even (two chunks per rank), got {local_len}")

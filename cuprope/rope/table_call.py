@@ -1,8 +1,8 @@
 """The table rotation itself, beneath ``cuprope.rope.tables`` (its public,
 guarded functions) and ``cuprope.rope.torch`` (their differentiable twins):
 ``table_call`` validates and runs one call on the NumPy backend or the GPU
-(each layout and pairing owns its launch cache). Shapes and semantics: the
-docstring of ``cuprope.rope.tables``.
+(each layout and pairing owns its launch cache). Shapes and semantics:
+:func:`cuprope.tables.rope_table_forward`.
 """
 from __future__ import annotations
 

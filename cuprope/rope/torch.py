@@ -1,39 +1,9 @@
-"""PyTorch adapter of the core op (``cuprope.rope``): autograd and
-torch.compile over cuprope's explicit forward/backward, re-exported by the
-public :mod:`cuprope.torch` (with the other ops' adapters). The core
-(``cuprope.rope.api``) stays free of framework code.
-
-* ``rope_qk(q, k, config, ...)`` / ``rope(x, config, ...)`` — differentiable.
-  In eager mode they run an ``autograd.Function`` (lowest overhead); under
-  ``torch.compile`` they dispatch to the custom ops ``cuprope::rope_qk`` and
-  ``cuprope::rope``, which carry a fake implementation and a registered
-  autograd formula, so ``torch.compile(fullgraph=True)`` traces through them.
-* Gradients: the transposed rotation with the same positions, table and scale.
-* CUDA graphs: warm up once per (config, device) before capture, so the
-  frequency table is already on the device; calls then allocate only outputs
-  through torch's (graph-aware) allocator.
-* ``apply_rotary_pos_emb(q, k, cos, sin, position_ids=None, unsqueeze_dim=1,
-  *, partial_rotary=False)`` — a drop-in for Hugging Face's function of that
-  name: it reads the model's own cos/sin tensors (``cuprope.tables``) and
-  returns HF's result bit for bit, with HF's gradients. One line switches a
-  Llama-style model::
-
-      transformers.models.llama.modeling_llama.apply_rotary_pos_emb = \
-          cuprope.torch.apply_rotary_pos_emb
-
-Tensors on the CPU run the NumPy backend (float64 reference), which is how the
-adapter's tests run without a GPU.
-
-The core functions (``cuprope.rope_qk_forward`` and the others) come here by
-themselves for torch tensors that require grad (grad mode on) and under
-``torch.compile`` (``cuprope._core.torch_guard``): they import this module only
-then and call ``route_rope`` / ``route_tables`` (the end of this module),
-whose adapters are ``rotate`` and ``table_rotate`` (the forward or,
-``inverse=True``, the transposed rotation, both differentiable). This module
-does not import those public functions: it runs the same core beneath them
-(``cuprope._core.engine.rope_call``, ``cuprope.rope.table_call``) through
-``_rotation`` / ``_table_rotation``, which repeat their guard, so a gradient
-that itself requires grad (``create_graph=True``) is differentiable again.
+"""PyTorch adapter of the core rotation and the cos/sin-table rotation:
+autograd, ``torch.compile`` custom ops and HF's ``apply_rotary_pos_emb``
+drop-in (re-exported by :mod:`cuprope.torch`). CPU tensors run the NumPy
+backend (float64 reference), which is how the adapter's tests run without a
+GPU. The core functions route torch tensors that require grad here
+(``route_rope``, ``route_tables`` at the end of the module).
 """
 from __future__ import annotations
 
@@ -207,27 +177,93 @@ def _compiling() -> bool:
 def rope_qk(q: torch.Tensor, k: torch.Tensor, config: RopeConfig, *,
             positions: Optional[torch.Tensor] = None, offset: int = 0,
             seq_offsets: Optional[torch.Tensor] = None, enable_pdl: bool = False):
-    """Differentiable fused q/k RoPE (shapes and ``enable_pdl`` as
-    ``cuprope.rope_qk_forward``). Returns (q_rot, k_rot) as new tensors."""
+    """Differentiable fused q/k RoPE.
+
+    Parameters
+    ----------
+    q, k : torch.Tensor
+        Shapes, dtypes and strides as :func:`cuprope.rope_qk_forward`
+        (``config.layout`` ``"bshd"``: q ``[B, S, Hq, D]``, k
+        ``[B, S, Hk, D]``; ``"bhsd"``: ``[B, H, S, D]``; ``"thd"``:
+        ``[T, H, D]``); float32, float16 or bfloat16, one dtype. CUDA
+        tensors, or CPU tensors (NumPy backend).
+    config : RopeConfig
+    positions : torch.Tensor, optional
+        int32/int64, ``[S]``, ``[B, S]`` or ``[T]`` (a leading stream axis
+        under a stream map), as :func:`cuprope.rope_qk_forward`.
+    offset : int
+    seq_offsets : torch.Tensor, optional
+        int32/int64 ``[B]``.
+    enable_pdl : bool
+        Programmatic dependent launches, the gradient's too (rules:
+        :func:`cuprope.rope_forward`).
+
+    Returns
+    -------
+    tuple of torch.Tensor
+        ``(q_rot, k_rot)``, new tensors.
+
+    Notes
+    -----
+    Gradients: the transposed rotation with the same positions, table and
+    scale. Eagerly an ``autograd.Function`` (:class:`RopeQKFunction`, the
+    lowest overhead); under ``torch.compile`` the custom op
+    ``cuprope::rope_qk``, which carries a fake implementation and a
+    registered autograd formula, so ``torch.compile(fullgraph=True)`` traces
+    through it.
+
+    CUDA graphs: warm up once per (config, device) before capture, so the
+    frequency table is already on the device; calls then allocate only
+    their outputs, through torch's (graph-aware) allocator.
+    """
     return rotate((q, k), config, False, positions, offset, seq_offsets, enable_pdl)
 
 
 def rope(x: torch.Tensor, config: RopeConfig, *, positions: Optional[torch.Tensor] = None,
          offset: int = 0, seq_offsets: Optional[torch.Tensor] = None, enable_pdl: bool = False):
-    """Differentiable single-tensor RoPE (shapes and ``enable_pdl`` as
-    ``cuprope.rope_forward``)."""
+    """Differentiable single-tensor RoPE.
+
+    Parameters
+    ----------
+    x : torch.Tensor
+        ``[B, S, H, D]``, ``[B, H, S, D]`` or ``[T, H, D]`` by
+        ``config.layout``; float32, float16 or bfloat16 (as
+        :func:`cuprope.rope_forward`).
+    config, positions, offset, seq_offsets, enable_pdl
+        As :func:`rope_qk`.
+
+    Returns
+    -------
+    torch.Tensor
+        The rotated tensor, new. Gradient, ``torch.compile`` (the custom op
+        ``cuprope::rope``) and CUDA graphs as :func:`rope_qk`.
+    """
     return rotate((x,), config, False, positions, offset, seq_offsets, enable_pdl)[0]
 
 
 def rotate(xs, config: RopeConfig, inverse: bool, positions=None, offset: int = 0,
            seq_offsets=None, enable_pdl: bool = False):
-    """``xs`` (x, or q and k) rotated, differentiably, as new tensors (a
-    tuple like ``xs``): the forward rotation, or with ``inverse`` the
-    transposed one (``rope_backward``; its gradient is the forward). The
-    custom op under torch.compile, the autograd.Function eagerly. The core
-    functions route here for tensors that require grad (cuprope._core.torch_guard).
-    ``enable_pdl``: programmatic dependent launches (``cuprope.rope.api``),
-    the gradient's too."""
+    """``xs`` rotated differentiably: the forward rotation, or with
+    ``inverse`` the transposed one (``rope_backward``; its gradient is the
+    forward). The custom op under torch.compile, the autograd.Function
+    eagerly. The core functions route here for tensors that require grad
+    (``cuprope._core.torch_guard``).
+
+    Parameters
+    ----------
+    xs : tuple of torch.Tensor
+        ``(x,)`` or ``(q, k)``, shapes and dtypes as :func:`rope` /
+        :func:`rope_qk`.
+    config : RopeConfig
+    inverse : bool
+    positions, offset, seq_offsets, enable_pdl
+        As :func:`rope_qk` (``enable_pdl``: the gradient's launches too).
+
+    Returns
+    -------
+    tuple of torch.Tensor
+        New tensors, a tuple like ``xs``.
+    """
     inverse, offset = bool(inverse), int(offset)
     pdl = check_flag(enable_pdl, "enable_pdl")
     if len(xs) == 2:
@@ -263,10 +299,29 @@ class _TableQKFunction(torch.autograd.Function):
 
 
 def table_rotate(q, k, cos, sin, layout: str, interleaved: bool, inverse: bool):
-    """q and k rotated by HF-style cos/sin tables (``cuprope.tables``),
-    differentiably in q and k, as new tensors: the forward, or with
-    ``inverse`` its gradient (whose own gradient is the forward). The custom
-    op under torch.compile, an autograd.Function eagerly."""
+    """q and k rotated by HF-style cos/sin tables, differentiably in q and k:
+    the forward, or with ``inverse`` its gradient (whose own gradient is the
+    forward). The custom op ``cuprope::rope_qk_table`` under torch.compile,
+    an autograd.Function eagerly.
+
+    Parameters
+    ----------
+    q, k : torch.Tensor
+        ``[B, S, H, D]``, ``[B, H, S, D]`` or ``[T, H, D]`` by ``layout``;
+        their head counts may differ.
+    cos, sin : torch.Tensor
+        ``[B, S, R]``, ``[1, S, R]`` or ``[S, R]`` (``[T, R]`` for
+        ``"thd"``) in q's dtype (as :func:`cuprope.tables.rope_table_forward`).
+    layout : {"bshd", "bhsd", "thd"}
+    interleaved : bool
+        Pairs (2j, 2j+1) when True, halves (j, j + R/2) when False.
+    inverse : bool
+
+    Returns
+    -------
+    tuple of torch.Tensor
+        ``(q_rot, k_rot)``, new tensors.
+    """
     if _compiling():
         return _rope_qk_table_op(q, k, cos, sin, layout, bool(interleaved), bool(inverse))
     return _TableQKFunction.apply(q, k, cos, sin, layout, bool(interleaved), bool(inverse))
@@ -321,21 +376,44 @@ def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, si
     """Drop-in for Hugging Face's ``apply_rotary_pos_emb`` (Llama and the many
     models that copy it): ``q * cos + rotate_half(q) * sin``, same for k.
 
-    q ``[B, Hq, S, D]`` and k ``[B, Hk, S, D]`` with ``unsqueeze_dim=1`` (HF's
-    default), or ``[B, S, H, D]`` with ``unsqueeze_dim=2``; cos, sin
-    ``[B, S, R]`` (or ``[1, S, R]``) as the model's rotary embedding returns
-    them, in q's dtype. R = D is Llama's case: cos/sin of another width are a
-    RuntimeError, as its broadcasting raises. ``partial_rotary=True`` takes
-    R < D: the first R dims rotate and the rest pass through, as GPT-NeoX's
-    own ``apply_rotary_pos_emb`` does (and Phi's attention around Llama's).
-    ``position_ids`` is ignored, as in HF.
+    Parameters
+    ----------
+    q, k : torch.Tensor
+        q ``[B, Hq, S, D]`` and k ``[B, Hk, S, D]`` with ``unsqueeze_dim=1``
+        (HF's default), or ``[B, S, H, D]`` with ``unsqueeze_dim=2``;
+        float32, float16 or bfloat16.
+    cos, sin : torch.Tensor
+        ``[B, S, R]`` (or ``[1, S, R]``) as the model's rotary embedding
+        returns them, in q's dtype. R = D is Llama's case.
+    position_ids : ignored, as in HF.
+    unsqueeze_dim : int
+        1 (or -3) for ``[B, H, S, D]``, 2 (or -2) for ``[B, S, H, D]``;
+        anything else is a ValueError.
+    partial_rotary : bool
+        Take R < D: the first R dims rotate and the rest pass through, as
+        GPT-NeoX's own ``apply_rotary_pos_emb`` does (and Phi's attention
+        around Llama's). Without it cos/sin of another width than D are a
+        RuntimeError, as Llama's broadcasting raises.
 
-    The result and the gradients equal HF's bit for bit (every product and sum
-    rounded in q's dtype as PyTorch's eager kernels round them). Where the
-    kernel does not apply, HF's own formula runs instead, so nothing changes
-    but speed: cos/sin that need gradients, or cos/sin in another dtype than q
-    (HF would type-promote). Host tensors run cuprope's NumPy emulation of the
-    same rounding.
+    Returns
+    -------
+    tuple of torch.Tensor
+        ``(q_embed, k_embed)``, new tensors.
+
+    Notes
+    -----
+    The result and the gradients equal HF's bit for bit (every product and
+    sum rounded in q's dtype as PyTorch's eager kernels round them). Where
+    the kernel does not apply, HF's own formula runs instead, so nothing
+    changes but speed: cos/sin that need gradients, or cos/sin in another
+    dtype than q (HF would type-promote). Host tensors run cuprope's NumPy
+    emulation of the same rounding. Under ``torch.compile``: the custom op
+    ``cuprope::rope_qk_table``.
+
+    One line switches a Llama-style model::
+
+        transformers.models.llama.modeling_llama.apply_rotary_pos_emb = \\
+            cuprope.torch.apply_rotary_pos_emb
     """
     del position_ids  # unused by HF since transformers 4.38
     if unsqueeze_dim not in (1, 2, -3, -2):
@@ -356,6 +434,15 @@ def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, si
 
 
 # ---------------------------------------------------------------- the core beneath, and the routes
+#
+# The core functions (cuprope.rope_qk_forward and the others, cuprope.tables)
+# send torch tensors that require grad (grad mode on), and every call under
+# torch.compile, to route_rope / route_tables (cuprope._core.torch_guard), and
+# import this module only then; their adapters are rotate and table_rotate.
+# This module does not import those public functions: it runs the same core
+# beneath them (engine.rope_call, table_call) through _rotation /
+# _table_rotation, which repeat their guard, so a gradient that itself
+# requires grad (create_graph=True) is differentiable again.
 
 _ROPE_NAMES = {(1, False): ("rope_forward", ("x",)), (1, True): ("rope_backward", ("grad_out",)),
                (2, False): ("rope_qk_forward", ("q", "k")),
