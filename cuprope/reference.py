@@ -1,8 +1,8 @@
 """Float64 NumPy reference for every rotation cuprope computes.
 
 This module is the CPU backend and the tests' oracle. It is written from the
-seed formulas (RoFormer's block-diagonal R_m, its element-wise cos/sin form,
-the half-split "rotate_half" form), not from the CUDA kernel.
+published formulas (RoFormer's block-diagonal R_m, its element-wise cos/sin
+form, the half-split "rotate_half" form), not from the CUDA kernel.
 
 Canonical layout here: ``x`` is ``[B, S, H, D]``. The public API maps the
 ``bhsd`` and ``thd`` layouts onto it with views before calling in.

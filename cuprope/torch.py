@@ -1,26 +1,11 @@
 """PyTorch adapters, the public framework module: every op's autograd and
-``torch.compile`` adapter, gathered from the op's own package.
-
-* ``rope_qk(q, k, config, ...)`` / ``rope(x, config, ...)``,
-  ``apply_rotary_pos_emb(q, k, cos, sin, ...)`` (HF's drop-in), ``rotate``,
-  ``table_rotate``, ``RopeQKFunction``: :mod:`cuprope.rope.torch`;
-* ``rope_qk_norm(q, k, config, ...)`` / ``RopeQKNormFunction``, the fused
-  QK-norm + RoPE: :mod:`cuprope.qknorm.torch`;
-* ``rotary_embedding(positions, query, key, head_size, cos_sin_cache,
-  is_neox=True, rope_dim_offset=0, inverse=False, *, enable_pdl=False)``,
-  vLLM's in-place op (its schema's arguments; positions ``[T]`` or
-  ``[B, S]``, any float cache dtype): :mod:`cuprope.kvcache.torch`;
-* ``fused_qk_norm_rope(qkv, num_heads_q, num_heads_k, num_heads_v, head_dim,
-  eps, q_weight, k_weight, cos_sin_cache, is_neox, position_ids,
-  forced_token_heads_per_warp=-1)``, vLLM's op of that name (in place on qkv,
-  no cache write): :mod:`cuprope.qknorm.vllm`.
-  The one-launch decode prologue with the cache write is ``cuprope.prologue``
-  (its custom op: ``cuprope.prologue.torch``);
-* ``patch_hf(model)`` / ``unpatch_hf(model)``: those ops inside a Hugging Face
-  transformers model's attention (every family cuprope knows), one call:
-  :mod:`cuprope.hfpatch`.
-
-Each docstring there gives shapes, gradients and the custom ops.
+``torch.compile`` adapter, gathered from its own package. ``rope_qk``,
+``rope``, ``rotate``, ``table_rotate``, ``RopeQKFunction`` and HF's drop-in
+``apply_rotary_pos_emb``: :mod:`cuprope.rope.torch`; ``rope_qk_norm``,
+``RopeQKNormFunction``: :mod:`cuprope.qknorm.torch`; vLLM's
+``rotary_embedding``: :mod:`cuprope.kvcache.torch`; vLLM's
+``fused_qk_norm_rope``: :mod:`cuprope.qknorm.vllm`; ``patch_hf`` /
+``unpatch_hf``: :mod:`cuprope.hfpatch`. Each docstring gives shapes and gradients.
 """
 from .hfpatch import patch_hf, unpatch_hf
 from .kvcache.torch import rotary_embedding
