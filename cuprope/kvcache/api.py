@@ -1,73 +1,7 @@
-"""Fused RoPE + KV-cache append: rotate q, rotate k, and write the rotated k
-and v into a paged KV cache, in one launch (decode and prefill alike).
-
-Shapes
-------
-q ``[T, Hq, D]``, k and v ``[T, Hk, D]`` (packed tokens, the serving layout)
-or ``[B, S, H, D]`` (token t = b·S + s); any stride for the token and head
-dims, the last dim contiguous; float32, float16 or bfloat16, one dtype.
-
-positions : int32/int64 ``[T]`` (or ``[B, S]``), with a leading stream axis
-    ``[n_streams, T]`` under a stream map (MRoPE); contiguous. Token t turns
-    by positions[t] · inv_freq, exactly as ``cuprope.rope_forward`` with
-    ``positions=`` does (same cos/sin, same arithmetic: the rotated values
-    equal the core's bit for bit). Every ``RopeConfig`` scheme: shared or
-    per-head tables (per-head: Hq = Hk = table rows), stream maps, scale,
-    either pairing. ``config.layout`` is not read (the layout is q's rank).
-
-Caches (``kv_layout``): ``"NHD"`` pages ``[num_pages, page_size, Hk, D]`` or
-``"HND"`` ``[num_pages, Hk, page_size, D]``; as ``k_cache`` and ``v_cache``
-(same shape, dtype and strides) or one ``kv_cache`` ``[num_pages, 2, ...]``
-(k at index 0, v at 1). dtype: q's, or fp8 e4m3 (``float8_e4m3fn``, or its
-bytes as ``uint8``) with ``k_scale``/``v_scale``.
-
-Addressing, one of:
-  * ``slot_mapping`` int64 ``[T]``: slot = page·page_size + row; a negative
-    slot is padding (not written);
-  * FlashInfer's paged indices: ``kv_indices`` (pages of all sequences,
-    int32/int64), ``kv_indptr`` ``[B + 1]`` (sequence b owns
-    ``kv_indices[kv_indptr[b]:kv_indptr[b+1]]``), and per token
-    ``batch_indices`` and ``cache_positions`` ``[T]``: the token of sequence b
-    at position p goes to page ``kv_indices[kv_indptr[b] + p // page_size]``,
-    row ``p % page_size``. A negative batch index or position is padding.
-    ``kv_last_page_len`` ``[B]`` (optional) is read only by ``check=True``.
-
-Indices out of range (a slot past the cache, a batch index >= B, a position
-past the sequence's pages, a page id outside [0, num_pages)) are never
-written: the kernel skips those tokens' k and v (q is still rotated).
-``check=True`` reads the indices on the host first (a device sync) and
-raises ``ValueError`` naming the first bad one. Two tokens with one slot:
-which one lands is unspecified.
-
-fp8 (cache dtype e4m3): the rotated k (rounded to q's dtype, i.e. the core's
-output) and v are stored as e4m3 of ``x · (1/scale)`` (fp32 product, 1/scale
-rounded to fp32, round to nearest even, saturating to ±448; NaN stores
-0x7f). ``k_scale``, ``v_scale``: float32 device scalars ``[]`` or ``[1]``, or
-per head ``[Hk]`` (both), read by the kernel at run time (a captured CUDA
-graph sees new values); on the host a NumPy scalar (``np.float32(0.05)``)
-is taken as ``[]``. ``q_out`` may be e4m3 too, with ``q_scale``.
-``cuprope.kvcache.reference.dequantize`` reads a cache back. A scale must be
-positive and finite: ``check=True`` reads them (with the indices) and raises
-ValueError otherwise; without it they are not checked, and a bad one
-stores what 1/scale gives: 0 saturates every non-zero value to ±448 (a
-0 stores NaN), a negative scale flips the signs, inf stores zeros and NaN
-stores NaN (0x7f).
-
-q is rotated in place unless ``q_out`` is given (q's shape; q's dtype or
-e4m3). Returns q_out (or q). JAX arrays are not offered (TypeError): a cache
-write needs donated buffers.
-
-``enable_pdl=True`` (CUDA, compute capability 9.0+): a programmatic
-dependent launch, as serving engines launch it under CUDA graphs. The kernel
-may start while the stream's previous kernel (the QKV GEMM) still runs: it
-reads positions, the addressing (slots, batch indices, cache positions,
-kv_indptr, kv_indices), q_scale and cuprope's angle table first, then waits
-for that kernel before its first load of q, k or v and its first store. So
-positions, the addressing and the scales must be complete when the previous
-kernel starts; q, k and v may be written by it.
-Opt-in: cuprope cannot know who wrote the indices, so no automatic rule is
-safe. Same bits; ValueError on a GPU before sm_90, RuntimeError with a
-driver before CUDA 12; no effect on the NumPy backend.
+"""Fused RoPE + KV-cache append (``cuprope.kvcache.rope_append_kv``): rotate
+q, rotate k, and write the rotated k and v into a paged KV cache, in one
+launch, for decode and prefill alike; its NumPy backend and its launch.
+Shapes, caches, addressing and fp8: :func:`rope_append_kv`.
 """
 from __future__ import annotations
 
@@ -95,8 +29,108 @@ def rope_append_kv(q, k, v, config, positions, *, k_cache=None, v_cache=None, kv
                    enable_pdl=False):
     """Rotate q (into ``q_out``, else in place) and k by ``config`` at
     ``positions``, and write the rotated k and v into the cache rows the
-    addressing names, in one launch. See the module docstring for shapes,
-    addressing, fp8, what is skipped and ``enable_pdl``. Returns q_out (or q).
+    addressing names, in one launch.
+
+    Parameters
+    ----------
+    q : array
+        ``[T, Hq, D]`` (packed tokens, the serving layout) or
+        ``[B, S, Hq, D]`` (token t = b·S + s); float32, float16 or bfloat16;
+        any stride for the token and head dims, the last dim contiguous.
+        ``config.layout`` is not read (the layout is q's rank).
+    k, v : arrays
+        ``[T, Hk, D]`` (or ``[B, S, Hk, D]``), q's dtype and strides rules.
+    config : RopeConfig
+        Every scheme: shared or per-head tables (per-head: Hq = Hk = table
+        rows), stream maps, scale, either pairing.
+    positions : int32 or int64 array
+        ``[T]`` (or ``[B, S]``), with a leading stream axis
+        ``[n_streams, T]`` under a stream map (MRoPE); contiguous. Token t
+        turns by positions[t] · inv_freq, exactly as
+        :func:`cuprope.rope_forward` with ``positions=`` does (same cos/sin,
+        same arithmetic: the rotated values equal the core's bit for bit).
+    k_cache, v_cache : arrays, optional
+        The pages, by ``kv_layout``: ``"NHD"`` ``[num_pages, page_size, Hk,
+        D]`` or ``"HND"`` ``[num_pages, Hk, page_size, D]``; same shape,
+        dtype and strides. dtype: q's, or fp8 e4m3 (``float8_e4m3fn``, or
+        its bytes as ``uint8``) with ``k_scale``/``v_scale``.
+    kv_cache : array, optional
+        Instead of the two: one ``[num_pages, 2, ...]`` array (k at index 0,
+        v at 1).
+    kv_layout : {"NHD", "HND"}
+    slot_mapping : int64 array ``[T]``, optional
+        Addressing by slot: slot = page·page_size + row; a negative slot is
+        padding (not written).
+    kv_indices, kv_indptr, batch_indices, cache_positions : int arrays, optional
+        FlashInfer's paged addressing, instead of ``slot_mapping``:
+        ``kv_indices`` holds the pages of all sequences (int32/int64),
+        ``kv_indptr`` ``[B + 1]`` (sequence b owns
+        ``kv_indices[kv_indptr[b]:kv_indptr[b+1]]``), and per token
+        ``batch_indices`` and ``cache_positions`` ``[T]``: the token of
+        sequence b at position p goes to page
+        ``kv_indices[kv_indptr[b] + p // page_size]``, row ``p % page_size``.
+        A negative batch index or position is padding.
+    kv_last_page_len : int array ``[B]``, optional
+        Read only by ``check=True``.
+    q_out : array, optional
+        q's shape; q's dtype or e4m3 (with ``q_scale``). Without it q is
+        rotated in place.
+    q_scale, k_scale, v_scale : arrays, optional
+        fp8 scales: float32 device scalars ``[]`` or ``[1]``, or per head
+        ``[Hk]`` (k_scale and v_scale both), read by the kernel at run time
+        (a captured CUDA graph sees new values); on the host a NumPy scalar
+        (``np.float32(0.05)``) is taken as ``[]``.
+    check : bool
+        Read the indices and scales on the host first (a device sync) and
+        raise ValueError naming the first bad one.
+    stream : optional
+        The CUDA stream; default the caller's current one.
+    enable_pdl : bool
+        A programmatic dependent launch (CUDA, compute capability 9.0+; see
+        Notes).
+
+    Returns
+    -------
+    array
+        ``q_out``, or q (rotated in place).
+
+    Raises
+    ------
+    TypeError
+        JAX arrays (a cache write needs donated buffers); torch tensors
+        that require grad (see Notes).
+    ValueError
+        Bad shapes; with ``check=True``, a bad index or scale;
+        ``enable_pdl`` on a GPU before sm_90.
+    RuntimeError
+        ``enable_pdl`` with a driver before CUDA 12.
+
+    Notes
+    -----
+    Indices out of range (a slot past the cache, a batch index >= B, a
+    position past the sequence's pages, a page id outside [0, num_pages))
+    are never written: the kernel skips those tokens' k and v (q is still
+    rotated). Two tokens with one slot: which one lands is unspecified.
+
+    fp8 (cache dtype e4m3): the rotated k (rounded to q's dtype, i.e. the
+    core's output) and v are stored as e4m3 of ``x · (1/scale)`` (fp32
+    product, 1/scale rounded to fp32, round to nearest even, saturating to
+    ±448; NaN stores 0x7f). ``cuprope.kvcache.reference.dequantize`` reads a
+    cache back. A scale must be positive and finite: ``check=True`` reads
+    them (with the indices) and raises ValueError otherwise; without it they
+    are not checked, and a bad one stores what 1/scale gives: 0 saturates
+    every non-zero value to ±448 (a 0 stores NaN), a negative scale flips
+    the signs, inf stores zeros and NaN stores NaN (0x7f).
+
+    ``enable_pdl=True`` launches as serving engines do under CUDA graphs:
+    the kernel may start while the stream's previous kernel (the QKV GEMM)
+    still runs; it reads positions, the addressing (slots, batch indices,
+    cache positions, kv_indptr, kv_indices), q_scale and cuprope's angle
+    table first, then waits for that kernel before its first load of q, k or
+    v and its first store. So positions, the addressing and the scales must
+    be complete when the previous kernel starts; q, k and v may be written
+    by it. Opt-in: cuprope cannot know who wrote the indices, so no
+    automatic rule is safe. Same bits; no effect on the NumPy backend.
 
     A repeated call (check=False, no stream=) whose arrays match a previous
     validated call's in dtype, shape, strides, device and alignment reuses

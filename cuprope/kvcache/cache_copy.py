@@ -1,20 +1,9 @@
-"""Float32 copies of cos/sin caches held in a third dtype (vLLM's op reads
-its cache in whatever float dtype it comes, apart from the query's).
-
-The kernel reads the cache in float32 or in the query's dtype. A float16 or
-bfloat16 cache that is neither (a bfloat16 cache with a float16 query, a
-float16 cache with a float32 query) is copied to float32 on the GPU: every
-16-bit value is exact in float32, so the rotation equals vLLM's, which
-widens each cache value to float before it multiplies.
-
-A torch tensor's copy is kept, keyed by the tensor's identity, data
-pointer, metadata and version counter (an in-place write makes a new copy),
-so a decode loop pays the copy once; ``held`` swaps a cache for its kept copy
-before the fast path looks the call up. Arrays without a version counter
-(CuPy, JAX, torch inference tensors), and calls on a capturing stream, are
-copied on each call (on the launch stream). A CUDA graph captured after a
-copy was kept reads that copy on every replay: write such a cache in place
-only outside captured graphs (or hold it in float32 or the query's dtype).
+"""Float32 copies of cos/sin caches held in a third dtype (vLLM's op reads its
+cache in whatever float dtype it comes, apart from the query's). The kernel
+reads the cache in float32 or in the query's dtype; a float16 or bfloat16
+cache that is neither is copied to float32 on the GPU: every 16-bit value is
+exact in float32, so the rotation equals vLLM's, which widens each cache
+value to float before it multiplies. :func:`float32_copy` says what is kept.
 """
 from __future__ import annotations
 
@@ -84,7 +73,18 @@ def _finished(stream_ptr):
 def float32_copy(info, stream_ptr):
     """The float32 copy of the GPU cos/sin cache ``info`` (an ArrayInfo):
     the kept one when ``held`` would return it, else a new one, kept when the
-    array has a version counter and the stream is not capturing."""
+    array has a version counter and the stream is not capturing.
+
+    A torch tensor's copy is kept, keyed by the tensor's identity, data
+    pointer, metadata and version counter (an in-place write makes a new
+    copy), so a decode loop pays the copy once; ``held`` swaps a cache for
+    its kept copy before the fast path looks the call up. Arrays without a
+    version counter (CuPy, JAX, torch inference tensors), and calls on a
+    capturing stream, are copied on each call (on the launch stream
+    ``stream_ptr``). A CUDA graph captured after a copy was kept reads that
+    copy on every replay: write such a cache in place only outside captured
+    graphs (or hold it in float32 or the query's dtype). Returns a
+    contiguous float32 array in ``info``'s framework (torch, else CuPy)."""
     src = info.obj
     if _versioned(info):
         kept = held(src)

@@ -1,56 +1,9 @@
-"""The cos/sin cache of the serving engines: building it from a RopeConfig,
-and rotating by it in place (vLLM's ``rotary_embedding`` op).
+"""The serving engines' cos/sin cache (exported as ``cuprope.cos_sin_cache``):
+building it from a RopeConfig, and rotating by it in place, vLLM's
+``rotary_embedding`` op::
 
     cache = build_cos_sin_cache(config, max_position, like=query)
     rotary_embedding(positions, query, key, head_size, cache, is_neox=not config.interleaved)
-
-build_cos_sin_cache : ``[max_position, R]``, row p = cos(p·θ_j)·scale for
-    j < R/2, then sin(p·θ_j)·scale (vLLM's ``_compute_cos_sin_cache`` layout,
-    with YaRN's / LongRoPE's attention factor folded in as vLLM folds it).
-    Details in its docstring.
-
-positions : int32/int64 ``[T]`` or ``[B, S]``, contiguous.
-query : ``[T, Hq·D]`` or ``[T, Hq, D]`` with positions ``[T]``; ``[B, S, Hq·D]``
-    or ``[B, S, Hq, D]`` with positions ``[B, S]`` (D = head_size); key likewise
-    with Hk heads, or None. float32, float16 or bfloat16 (one dtype); the
-    batch, token and head strides free, each head contiguous. Rotated in place.
-cos_sin_cache : ``[max_position, R]``, R even, rope_dim_offset + R <= D: row p
-    holds cos of pairs 0 … R/2 − 1, then their sin; float32, float16 or
-    bfloat16, whatever query's dtype (on the GPU a cache in neither float32
-    nor query's dtype is read through a float32 copy, exact, kept per tensor
-    version: ``cuprope.kvcache.cache_copy``); last dim contiguous.
-is_neox : pairs (j, j + R/2) (NeoX, half split); False: (2j, 2j + 1) (GPT-J),
-    counted from the first rotated dim.
-rope_dim_offset : the rotated dims are ``[rope_dim_offset, rope_dim_offset + R)``
-    of each head (0: the first R; D − R: the last R, as vLLM's DeepSeek V4
-    rope places them); the other dims are not touched.
-inverse : rotate by −angle (sin negated): undoes the rotation by the same rows.
-enable_pdl : (keyword) a programmatic dependent launch (CUDA, compute
-    capability 9.0+; False by default): the kernel may start while the
-    stream's previous kernel still runs, reads positions and its cos_sin_cache
-    rows first, then waits for that kernel before it loads query and key and
-    stores. So positions and the cache must be complete when the previous
-    kernel starts; query and key may be written by it (the QKV GEMM). Opt-in:
-    cuprope cannot know who wrote the positions. Same bits; ValueError on a
-    GPU before sm_90, RuntimeError with a driver before CUDA 12; no effect on
-    the NumPy backend.
-
-The arguments follow vLLM's ``_C.rotary_embedding`` schema
-``rotary_embedding(Tensor positions, Tensor! query, Tensor!? key, int
-head_size, Tensor cos_sin_cache, bool is_neox, int rope_dim_offset=0, bool
-inverse=False)`` (csrc/pos_encoding_kernels.cu, which also dispatches the
-cache's dtype apart from the query's); vLLM's schema without the last two
-arguments is its prefix.
-
-Each pair (x1, x2) becomes (x1·cos − x2·sin, x2·cos + x1·sin), evaluated in
-fp32 with each cache value widened to fp32, as vLLM's kernel does (the
-core's rotation, ``rotate_chunk``), and rounded once to the dtype;
-the NumPy backend evaluates it in float64 and rounds once (within one unit in
-the last place of the GPU's result). A token whose position lies outside
-``[0, max_position)`` is not read past the table: its q and k are left as
-they are (``check=True`` raises ``ValueError`` instead, after reading the
-positions on the host). The kernel is the KV-cache dialect's
-(``kernels/kvcache.cuh``) with the cos_sin_cache angle source and no cache.
 """
 from __future__ import annotations
 
@@ -71,11 +24,81 @@ def rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox=Tr
                      rope_dim_offset=0, inverse=False, *, check=False, stream=None,
                      enable_pdl=False):
     """Rotate query and key in place by the rows ``positions`` of
-    ``cos_sin_cache`` (module docstring). Returns (query, key).
+    ``cos_sin_cache``: vLLM's ``rotary_embedding`` op.
+
+    Parameters
+    ----------
+    positions : int32 or int64 array
+        ``[T]`` or ``[B, S]``, contiguous, on query's device.
+    query : array
+        ``[T, Hq·D]`` or ``[T, Hq, D]`` with positions ``[T]``;
+        ``[B, S, Hq·D]`` or ``[B, S, Hq, D]`` with positions ``[B, S]``
+        (D = head_size). float32, float16 or bfloat16; the batch, token and
+        head strides free, each head contiguous. Rotated in place.
+    key : array or None
+        As query, with its own head count Hk, in query's dtype.
+    head_size : int
+        D.
+    cos_sin_cache : array ``[max_position, R]``
+        R even, ``rope_dim_offset + R <= D``; row p holds the cos of pairs
+        0 … R/2 − 1, then their sin (:func:`build_cos_sin_cache`). float32,
+        float16 or bfloat16, whatever query's dtype (on the GPU a cache in
+        neither float32 nor query's dtype is read through a float32 copy,
+        exact, kept per tensor version: ``cuprope.kvcache.cache_copy``); the
+        last dim contiguous.
+    is_neox : bool
+        Pairs (j, j + R/2) (NeoX, half split); False: (2j, 2j + 1) (GPT-J),
+        counted from the first rotated dim.
+    rope_dim_offset : int
+        The rotated dims are ``[rope_dim_offset, rope_dim_offset + R)`` of
+        each head (0: the first R; D − R: the last R, as vLLM's DeepSeek V4
+        rope places them); the other dims are not touched.
+    inverse : bool
+        Rotate by −angle (sin negated): undoes the rotation by the same rows.
+    check : bool
+        Read the positions on the host first (a device sync) and raise
+        ValueError for one outside ``[0, max_position)``.
+    stream : optional
+        The CUDA stream; default the caller's current one.
+    enable_pdl : bool
+        A programmatic dependent launch (CUDA, compute capability 9.0+;
+        False by default): the kernel may start while the stream's previous
+        kernel still runs, reads positions and its cos_sin_cache rows first,
+        then waits for that kernel before it loads query and key and stores.
+        So positions and the cache must be complete when the previous kernel
+        starts; query and key may be written by it (the QKV GEMM). Opt-in:
+        cuprope cannot know who wrote the positions. Same bits; ValueError on
+        a GPU before sm_90, RuntimeError with a driver before CUDA 12; no
+        effect on the NumPy backend.
+
+    Returns
+    -------
+    tuple
+        ``(query, key)``, rotated in place.
+
+    Notes
+    -----
+    The arguments follow vLLM's ``_C.rotary_embedding`` schema
+    ``rotary_embedding(Tensor positions, Tensor! query, Tensor!? key, int
+    head_size, Tensor cos_sin_cache, bool is_neox, int rope_dim_offset=0,
+    bool inverse=False)`` (csrc/pos_encoding_kernels.cu, which also
+    dispatches the cache's dtype apart from the query's); vLLM's schema
+    without the last two arguments is its prefix.
+
+    Each pair (x1, x2) becomes (x1·cos − x2·sin, x2·cos + x1·sin), evaluated
+    in fp32 with each cache value widened to fp32, as vLLM's kernel does (the
+    core's rotation, ``rotate_chunk``), and rounded once to the dtype; the
+    NumPy backend evaluates it in float64 and rounds once (within one unit
+    in the last place of the GPU's result). A token whose position lies
+    outside ``[0, max_position)`` is not read past the table: its q and k
+    are left as they are (``check=True`` raises instead). The kernel is the
+    KV-cache dialect's (``kernels/kvcache.cuh``) with the cos_sin_cache
+    angle source and no cache.
 
     A repeated call (check=False, no stream=) whose arrays match a previous
     validated call's in dtype, shape, strides, device and alignment reuses
-    its packed launch (cuprope/_core/fastpath.py; the call itself is ``cuprope.kvcache.rotary``).
+    its packed launch (cuprope/_core/fastpath.py; the call itself is
+    ``cuprope.kvcache.rotary``).
 
     Torch tensors (``cuprope._core.torch_guard``): an inference op, not
     differentiable. With grad mode on, query, key or cos_sin_cache requiring
@@ -111,12 +134,28 @@ def build_cos_sin_cache(config, max_position: int, *, dtype=None, device=None, l
     ``MRotaryEmbedding`` cache holds it (the op picks each section's stream).
     Per-head frequency tables have no such cache (``ValueError``).
 
-    dtype : "float32" (default), "float16" or "bfloat16" (a NumPy, torch or
-        JAX dtype works too). The op reads float32 or query's dtype.
-    device, like : where the cache lives. Neither: a NumPy array. ``device``:
-        an int GPU ordinal, a CuPy array. ``like``: an array (NumPy, CuPy,
-        PyTorch, JAX): the cache comes back in its framework on its device.
+    Parameters
+    ----------
+    config : RopeConfig
+        Shared frequencies (``[R/2]``).
+    max_position : int
+        The table's rows, ``0 <= max_position <= 2**31``.
+    dtype : str or dtype, optional
+        "float32" (default), "float16" or "bfloat16" (a NumPy, torch or JAX
+        dtype works too). The op reads float32 or query's dtype.
+    device : int, optional
+        A GPU ordinal: the cache is a CuPy array there.
+    like : array, optional
+        NumPy, CuPy, PyTorch or JAX: the cache comes back in its framework
+        on its device. Not with ``device``; with neither, a NumPy array.
 
+    Returns
+    -------
+    array ``[max_position, R]``
+        ``dtype``, where ``device`` / ``like`` put it.
+
+    Notes
+    -----
     Values. Angles are formed in float64 (p·θ_j rounded once). A float32 cache
     on a GPU is built there by the kernels' own cos/sin function (the table
     ``RopeConfig.cache_angles`` builds), so its values are the bits

@@ -1,13 +1,6 @@
 """Launches of the KV-cache dialect (``kernels/kvcache.cuh``): the vector
 width, the grid (the core's ``grid_for``: one warp per token and group of
-rows) and the two argument structs, packed per call.
-
-The kernel takes a ``RopeArgs`` (q as tensor 0, k as tensor 1, their
-outputs, positions, the angle source) and a ``KvArgs`` (v, the caches, the
-cache addressing, fp8 scales, a cos_sin_cache). Both are packed into one
-buffer (a launcher.LaunchSpec of two parameter groups), whose per-call
-words the fast paths of ``cuprope.kvcache`` and ``cuprope.cos_sin_cache``
-fill with each call's pointers through ``Plan.run``.
+rows) and the two argument structs (``kv_spec``), packed per call.
 """
 from __future__ import annotations
 
@@ -45,7 +38,8 @@ def is_wide(device, dtype, vec, src, warps) -> bool:
     """Whether a launch of ``warps`` warps takes the WIDE instantiation: the
     computed angles at the widest packs, in a grid of at least
     CUPROPE_KV_WIDE_WARPS_PER_SM warps per SM (several waves: a prefill),
-    where more resident warps beat the spills that buy them (NOTES 44)."""
+    where more resident warps beat the spills that buy them (measured on an
+    H200)."""
     return (src == KV_ANGLES and vec == lrpe_vec_widths(dtype)[0]
             and warps >= WIDE_WARPS_PER_SM * sm_count(device))
 
@@ -55,6 +49,13 @@ WIDE_WARPS_PER_SM = tuning("CUPROPE_KV_WIDE_WARPS_PER_SM")
 
 def kv_spec(device, *, dtype, interleaved, vec, src, fp8, rope, kv, calls=(), pdl=False):
     """One ``kv_rope_kernel`` launch on ``device`` as a launcher.LaunchSpec.
+
+    The kernel takes a ``RopeArgs`` (q as tensor 0, k as tensor 1, their
+    outputs, positions, the angle source) and a ``KvArgs`` (v, the caches,
+    the cache addressing, fp8 scales, a cos_sin_cache). Both are packed into
+    one buffer (a LaunchSpec of two parameter groups), whose per-call words
+    the fast paths of ``cuprope.kvcache`` and ``cuprope.cos_sin_cache`` fill
+    with each call's pointers through ``Plan.run``.
 
     ``rope``: RopeArgs fields by name (heads, n_batch, n_seq, head_dim,
     rot_dim, copy_rest, ...; head_groups and heads_per_group are set here);

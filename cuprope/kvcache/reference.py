@@ -1,14 +1,7 @@
 """The NumPy side of ``cuprope.kvcache``: fp8 e4m3 quantisation as the CUDA
-intrinsic does it, the reader that dequantises a cache, where each token's
-row of a paged cache lies, and the host backend of both ops.
-
-fp8 e4m3 (``ml_dtypes.float8_e4m3fn``: no infinities, one NaN pattern per
-sign, largest finite 448). The kernels store ``__nv_cvt_float_to_fp8(x,
-__NV_SATFINITE, __NV_E4M3)``: round to nearest even, finite values beyond
-±448 and ±Inf saturate to ±448, NaN becomes 0x7f (the positive NaN, whatever
-its sign). ml_dtypes rounds to nearest even too but turns overflow and ±Inf
-into NaN and keeps NaN's sign, so :func:`quantize_e4m3` clips to ±448 first
-and writes 0x7f for NaN.
+intrinsic does it (:func:`quantize_e4m3`), the reader that dequantises a
+cache, where each token's row of a paged cache lies, and the host backend of
+both ops.
 """
 from __future__ import annotations
 
@@ -30,7 +23,15 @@ def _e4m3():
 
 def quantize_e4m3(x) -> np.ndarray:
     """float32 ``x`` as e4m3 bit patterns (uint8, the shape of x): nearest even,
-    saturating to ±448, NaN to 0x7f."""
+    saturating to ±448, NaN to 0x7f.
+
+    fp8 e4m3 (``ml_dtypes.float8_e4m3fn``: no infinities, one NaN pattern
+    per sign, largest finite 448). The kernels store
+    ``__nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3)``: round to nearest
+    even, finite values beyond ±448 and ±Inf saturate to ±448, NaN becomes
+    0x7f (the positive NaN, whatever its sign). ml_dtypes rounds to nearest
+    even too but turns overflow and ±Inf into NaN and keeps NaN's sign, so
+    this clips to ±448 first and writes 0x7f for NaN."""
     x = np.asarray(x, dtype=np.float32)
     with np.errstate(invalid="ignore"):
         bits = np.clip(x, -E4M3_MAX, E4M3_MAX).astype(_e4m3()).view(np.uint8)

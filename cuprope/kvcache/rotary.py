@@ -3,7 +3,7 @@
 function) and ``cuprope.kvcache.torch`` (its custom op): ``rotate_by_cache``
 validates and runs one call, on the NumPy backend or as a launch of the
 KV-cache kernel family with the cos_sin_cache angle source. Shapes and
-semantics: the docstring of ``cuprope.kvcache.cos_sin_cache``.
+semantics: :func:`cuprope.cos_sin_cache.rotary_embedding`.
 """
 from __future__ import annotations
 

@@ -1,11 +1,10 @@
 """PyTorch adapter of the KV-cache family's in-place op: vLLM's
 ``rotary_embedding`` (over :mod:`cuprope.kvcache.cos_sin_cache`) as the
-custom op ``cuprope::rotary_embedding`` under ``torch.compile``; re-exported
-by the public :mod:`cuprope.torch`, so an engine switches by one line.
-
-``route_rotation`` is where ``cos_sin_cache.rotary_embedding`` sends torch
-tensors its guard stopped (it imports this module only then); both run the
-call beneath them, ``cuprope.kvcache.rotary.rotate_by_cache``."""
+custom op ``cuprope::rotary_embedding`` under ``torch.compile``, re-exported
+by :mod:`cuprope.torch`, so an engine switches by one line. ``route_rotation``
+is where ``cos_sin_cache.rotary_embedding`` sends torch tensors its guard
+stopped; both run ``cuprope.kvcache.rotary.rotate_by_cache`` beneath.
+"""
 from __future__ import annotations
 
 from typing import Optional
@@ -39,26 +38,49 @@ def rotary_embedding(positions: torch.Tensor, query: torch.Tensor, key: Optional
                      head_size: int, cos_sin_cache: torch.Tensor, is_neox: bool = True,
                      rope_dim_offset: int = 0, inverse: bool = False, *,
                      enable_pdl: bool = False) -> None:
-    """vLLM's ``rotary_embedding`` op, with its schema's arguments
-    (``positions, query, key, head_size, cos_sin_cache, is_neox,
-    rope_dim_offset=0, inverse=False``, vLLM's csrc/pos_encoding_kernels.cu):
-    rotate ``query`` and ``key`` (or None) in place by the rows ``positions``
-    of ``cos_sin_cache`` ``[max_position, R]`` (cos half, then sin half).
+    """vLLM's ``rotary_embedding`` op, with its schema's arguments (vLLM's
+    csrc/pos_encoding_kernels.cu): rotate ``query`` and ``key`` (or None) in
+    place by the rows ``positions`` of ``cos_sin_cache`` ``[max_position,
+    R]`` (cos half, then sin half).
 
-    positions ``[T]`` with query ``[T, Hq*D]`` or ``[T, Hq, D]``, or
-    ``[B, S]`` with query ``[B, S, Hq*D]`` or ``[B, S, Hq, D]`` (D =
-    head_size; key likewise with its own head count); the cache in float32,
-    float16 or bfloat16 whatever query's dtype (the rotation is evaluated in
-    fp32, each cache value widened to it, as vLLM's kernel does). NeoX pairs
-    (j, j + R/2) or, ``is_neox=False``, GPT-J pairs (2j, 2j + 1) over the
-    dims ``[rope_dim_offset, rope_dim_offset + R)`` of each head, the rest
-    untouched; ``inverse=True`` rotates by minus the angle (sin negated).
-    Returns None. Not differentiable (an inference op). See
-    ``cuprope.cos_sin_cache`` for the details and ``enable_pdl`` (a
-    programmatic dependent launch: positions and the cache must be complete
-    when the stream's previous kernel starts; query and key may be written by
-    it). Under ``torch.compile`` it is the custom op
-    ``cuprope::rotary_embedding`` (mutating query and key)."""
+    Parameters
+    ----------
+    positions : torch.Tensor
+        int32/int64, ``[T]`` or ``[B, S]``, contiguous.
+    query : torch.Tensor
+        ``[T, Hq*D]`` or ``[T, Hq, D]`` with positions ``[T]``;
+        ``[B, S, Hq*D]`` or ``[B, S, Hq, D]`` with positions ``[B, S]``
+        (D = head_size); float32, float16 or bfloat16, each head contiguous.
+    key : torch.Tensor or None
+        As query, with its own head count.
+    head_size : int
+    cos_sin_cache : torch.Tensor ``[max_position, R]``
+        float32, float16 or bfloat16 whatever query's dtype (the rotation is
+        evaluated in fp32, each cache value widened to it, as vLLM's kernel
+        does).
+    is_neox : bool
+        NeoX pairs (j, j + R/2), or with False GPT-J pairs (2j, 2j + 1), over
+        the dims ``[rope_dim_offset, rope_dim_offset + R)`` of each head; the
+        rest untouched.
+    rope_dim_offset : int
+    inverse : bool
+        Rotate by minus the angle (sin negated).
+    enable_pdl : bool
+        A programmatic dependent launch: positions and the cache must be
+        complete when the stream's previous kernel starts; query and key may
+        be written by it.
+
+    Returns
+    -------
+    None
+        query and key are rotated in place.
+
+    Notes
+    -----
+    Not differentiable (an inference op). Under ``torch.compile`` it is the
+    custom op ``cuprope::rotary_embedding`` (mutating query and key). The
+    details (bounds, rounding, PDL): :func:`cuprope.cos_sin_cache.rotary_embedding`.
+    """
     if not engaged_any(query, key, cos_sin_cache):  # the common case first: no grad, not traced
         rotate_by_cache(positions, query, key, head_size, cos_sin_cache, is_neox, False, None,
                         rope_dim_offset, inverse, enable_pdl)
