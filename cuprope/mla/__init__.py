@@ -1,12 +1,11 @@
 """DeepSeek MLA (multi-head latent attention) ops: :func:`rope_append_mla`
-rotates the rope slice of the queries and the shared rope key and appends
-``[ckv | k_pe]`` to a paged latent cache in one launch (``api``); its float64
-NumPy reference (``reference``) and its launch spec (``launch``).
-
-Training-side MLA needs no op of its own: the core calls rotate the last R
-dims of ``[..., qk_nope + R]`` query heads and a k_pe broadcast over heads
-through strided views (``cuprope.rope_qk_forward`` on ``q[..., nope:]``;
-tests/test_mla.py shows forward and backward)."""
+(``api``) rotates the rope slice of the queries and the shared rope key and
+appends ``[ckv | k_pe]`` to a paged latent cache in one launch; its float64
+reference (``reference``) and launch spec (``launch``). Training-side MLA
+needs no op of its own: ``cuprope.rope_qk_forward`` on ``q[..., nope:]``
+and a k_pe broadcast over heads, through strided views (tests/test_mla.py
+shows forward and backward).
+"""
 from .api import rope_append_mla
 from .reference import mla_reference, rotate_pe
 

@@ -1,77 +1,8 @@
-"""DeepSeek MLA's decode/prefill prologue in one launch: rotate the rope
-slice of every query head, rotate the token's shared rope key, and append
-``[ckv | k_pe]`` to a paged latent cache (DeepSeek-V2/V3/R1, Kimi K2).
-
-Shapes (T packed tokens, H query heads, R = the rope dim, ``qk_rope_head_dim``
-64; Dc = ``kv_lora_rank`` 512; Dn the absorbed q_nope width, 512)
-------------------------------------------------------------------------
-q_pe ``[T, H, R]``, k_pe ``[T, R]`` (or ``[T, 1, R]``), ckv ``[T, Dc]``,
-q_nope ``[T, H, Dn]`` (optional): float32, float16 or bfloat16, one dtype,
-any token/head strides with a contiguous last dim (slices of one projection
-output work as they are). positions: int32/int64 ``[T]``.
-
-Rotation: the config's, unchanged: ``rope_config_from_hf`` of a DeepSeek
-``config.json`` gives YaRN's frequencies and its mscale factor (as
-``config.scale``, multiplied into cos and sin) and the pair layout.
-DeepSeek-V3 sets ``rope_interleave`` (default true): its pairs are
-``(x[2j], x[2j+1])`` of the 64 rope dims, ``interleaved=True`` here and
-``is_neox_style=False`` in vLLM. (HF's eager DeepSeek code de-interleaves q
-and k before a half-split rotation, so its output holds the same rotated
-pairs permuted to ``[evens | odds]``; attention scores are equal. This op,
-like vLLM and FlashInfer, keeps the interleaved order.) R must equal
-``config.rotary_dim``; per-head tables and stream maps are not MLA's and are
-refused.
-
-Outputs
--------
-* q_pe rotated in place, or into ``q_pe_out`` ``[T, H, R]`` (q's dtype, or
-  fp8 e4m3 ``float8_e4m3fn``/uint8 bytes with ``q_scale``).
-* ``q_nope_out`` ``[T, H, Dn]`` (with ``q_nope``): q_nope copied, or as e4m3
-  with ``q_scale`` (FlashInfer's ``mla_rope_quantize_fp8`` outputs). Its
-  dtype kind (e4m3 or not) must match q_pe's output. For one
-  ``[T, H, Dn + R]`` query buffer (FlashMLA's input), pass its two slices
-  ``q_out[..., :Dn]`` and ``q_out[..., Dn:]``.
-* The cache: vLLM's ``kv_cache`` ``[pages, page_size, Dc + R]`` (ckv in
-  ``[:Dc]``, the rotated k_pe in ``[Dc:]``), or FlashInfer's pair
-  ``ckv_cache [pages, page_size, Dc]`` and ``kpe_cache [pages, page_size,
-  R]``. dtype: q's, or e4m3 with ``kv_scale`` (one float32 device scalar
-  ``[]``/``[1]``, read at run time: a captured CUDA graph sees new values;
-  a NumPy scalar on the host). k_pe itself is not written.
-
-fp8 stores ``e4m3(x · (1/scale))`` (1/scale rounded to fp32, fp32 product,
-round to nearest even, saturating to ±448) of the value rounded to q's dtype
-first (the rotated values equal ``cuprope.rope_forward``'s bit for bit,
-whatever the arrays' alignment: every pack width rounds a pair alike).
-Scales divide, as vLLM's ``concat_and_cache_mla`` does (FlashInfer's
-``quant_scale_*`` multiply: pass their reciprocal). A scale must be positive
-and finite: ``check=True`` reads the scales too and raises ValueError for 0,
-a negative, inf or NaN; without it a bad scale stores what 1/scale gives (0
-saturates to ±448, a negative flips the signs, inf stores zeros, NaN stores
-NaN).
-
-Addressing (as ``cuprope.kvcache.rope_append_kv``): ``slot_mapping`` int64
-``[T]`` (slot = page · page_size + row, negative = padding), or
-``kv_indices``, ``kv_indptr``, ``batch_indices``, ``cache_positions`` (and
-``kv_last_page_len`` read by ``check=True`` only). A token whose indices are
-padding or out of range writes no cache row (its q is still rotated).
-``check=True`` reads the indices on the host first (a device sync) and
-raises ValueError naming the first bad one.
-
-Backends: CUDA (torch or CuPy arrays, one launch on the current or given
-stream; nothing allocated, CUDA-graph capturable), or the NumPy reference on
-the CPU (NumPy / CPU torch arrays: float64 rotation rounded once). JAX arrays
-are not offered (TypeError): a cache write needs donated buffers.
-
-``enable_pdl=True`` (CUDA, compute capability 9.0+): a programmatic
-dependent launch, as serving engines launch it under CUDA graphs. The kernel
-may start while the stream's previous kernel (the projection GEMM) still
-runs: it reads positions, the addressing and the scales first, then waits
-for that kernel before its first load of q_pe, k_pe, ckv or q_nope and its
-first store. So positions, the addressing and the scales must be complete
-when the previous kernel starts; the inputs may be written by it. Opt-in:
-cuprope cannot know who wrote the indices, so no automatic rule is safe.
-Same bits; ValueError on a GPU before sm_90, RuntimeError with a driver
-before CUDA 12; no effect on the NumPy backend.
+"""DeepSeek MLA's decode/prefill prologue in one launch
+(``cuprope.mla.rope_append_mla``): rotate the rope slice of every query head
+and the token's shared rope key, and append ``[ckv | k_pe]`` to a paged
+latent cache (DeepSeek-V2/V3/R1, Kimi K2); its NumPy backend and its launch.
+Shapes, caches, fp8 and addressing: :func:`rope_append_mla`.
 """
 from __future__ import annotations
 
@@ -164,9 +95,107 @@ def rope_append_mla(q_pe, k_pe, ckv, config, positions, *, kv_cache=None, ckv_ca
     """Rotate q_pe (into ``q_pe_out``, else in place), copy q_nope into
     ``q_nope_out`` (optional; e4m3 with ``q_scale``), rotate k_pe and write
     ``[ckv | k_pe]`` into the cache rows the addressing names, in one launch.
-    See the module docstring for shapes, caches, fp8, addressing and
-    ``enable_pdl``.
-    Returns q_pe_out (or q_pe).
+
+    T packed tokens, H query heads, R the rope dim (``qk_rope_head_dim``,
+    64), Dc = ``kv_lora_rank`` (512), Dn the absorbed q_nope width (512).
+
+    Parameters
+    ----------
+    q_pe : array ``[T, H, R]``
+        float32, float16 or bfloat16; the inputs share one dtype. Any token
+        and head strides with a contiguous last dim (slices of one
+        projection output work as they are).
+    k_pe : array ``[T, R]`` (or ``[T, 1, R]``)
+        Not written.
+    ckv : array ``[T, Dc]``
+    config : RopeConfig
+        The rotation, unchanged: ``rope_config_from_hf`` of a DeepSeek
+        ``config.json`` gives YaRN's frequencies, its mscale factor (as
+        ``config.scale``, multiplied into cos and sin) and the pair layout.
+        R must equal ``config.rotary_dim``; per-head tables and stream maps
+        are not MLA's (ValueError).
+    positions : int32 or int64 array ``[T]``
+    kv_cache : array ``[pages, page_size, Dc + R]``, optional
+        vLLM's cache: ckv in ``[:Dc]``, the rotated k_pe in ``[Dc:]``.
+    ckv_cache, kpe_cache : arrays, optional
+        FlashInfer's pair instead: ``[pages, page_size, Dc]`` and
+        ``[pages, page_size, R]``, sharing pages, page_size and dtype. A
+        cache's dtype: q's, or e4m3 (``float8_e4m3fn``, or its ``uint8``
+        bytes) with ``kv_scale``.
+    slot_mapping, kv_indices, kv_indptr, batch_indices, cache_positions, kv_last_page_len
+        The addressing, as :func:`cuprope.kvcache.rope_append_kv`'s:
+        ``slot_mapping`` int64 ``[T]`` (slot = page · page_size + row,
+        negative = padding), or FlashInfer's paged indices
+        (``kv_last_page_len`` read by ``check=True`` only).
+    q_nope : array ``[T, H, Dn]``, optional
+        Copied (or, with ``q_scale``, quantised) into ``q_nope_out``; the
+        two go together.
+    q_nope_out : array ``[T, H, Dn]``, optional
+        q's dtype, or e4m3 with ``q_scale`` (FlashInfer's
+        ``mla_rope_quantize_fp8`` outputs). Its dtype kind (e4m3 or not)
+        must match q_pe's output. For one ``[T, H, Dn + R]`` query buffer
+        (FlashMLA's input), pass its two slices ``q_out[..., :Dn]`` and
+        ``q_out[..., Dn:]``.
+    q_pe_out : array ``[T, H, R]``, optional
+        q's dtype, or e4m3 with ``q_scale``. Without it q_pe is rotated in
+        place.
+    q_scale, kv_scale : arrays, optional
+        fp8 scales: one float32 device scalar ``[]``/``[1]`` each, read at
+        run time (a captured CUDA graph sees new values); a NumPy scalar on
+        the host. Read only for e4m3 outputs (ValueError otherwise).
+    check : bool
+        Read the indices and scales on the host first (a device sync) and
+        raise ValueError naming the first bad one.
+    stream : optional
+        The CUDA stream; default the caller's current one.
+    enable_pdl : bool
+        A programmatic dependent launch (CUDA, compute capability 9.0+; see
+        Notes).
+
+    Returns
+    -------
+    array
+        ``q_pe_out``, or q_pe (rotated in place).
+
+    Notes
+    -----
+    DeepSeek-V3 sets ``rope_interleave`` (default true): its pairs are
+    ``(x[2j], x[2j+1])`` of the 64 rope dims, ``interleaved=True`` here and
+    ``is_neox_style=False`` in vLLM. (HF's eager DeepSeek code de-interleaves
+    q and k before a half-split rotation, so its output holds the same
+    rotated pairs permuted to ``[evens | odds]``; attention scores are
+    equal. This op, like vLLM and FlashInfer, keeps the interleaved order.)
+
+    fp8 stores ``e4m3(x · (1/scale))`` (1/scale rounded to fp32, fp32
+    product, round to nearest even, saturating to ±448) of the value rounded
+    to q's dtype first (the rotated values equal ``cuprope.rope_forward``'s
+    bit for bit, whatever the arrays' alignment: every pack width rounds a
+    pair alike). Scales divide, as vLLM's ``concat_and_cache_mla`` does
+    (FlashInfer's ``quant_scale_*`` multiply: pass their reciprocal). A scale
+    must be positive and finite: ``check=True`` raises ValueError for 0, a
+    negative, inf or NaN; without it a bad scale stores what 1/scale gives
+    (0 saturates to ±448, a negative flips the signs, inf stores zeros, NaN
+    stores NaN).
+
+    A token whose indices are padding or out of range writes no cache row
+    (its q is still rotated).
+
+    Backends: CUDA (torch or CuPy arrays, one launch on the current or given
+    stream; nothing allocated, CUDA-graph capturable), or the NumPy
+    reference on the CPU (NumPy / CPU torch arrays: float64 rotation rounded
+    once). JAX arrays are not offered (TypeError): a cache write needs
+    donated buffers.
+
+    ``enable_pdl=True`` launches as serving engines do under CUDA graphs:
+    the kernel may start while the stream's previous kernel (the projection
+    GEMM) still runs; it reads positions, the addressing and the scales
+    first, then waits for that kernel before its first load of q_pe, k_pe,
+    ckv or q_nope and its first store. So positions, the addressing and the
+    scales must be complete when the previous kernel starts; the inputs may
+    be written by it. Opt-in: cuprope cannot know who wrote the indices, so
+    no automatic rule is safe. Same bits; ValueError on a GPU before sm_90,
+    RuntimeError with a driver before CUDA 12; no effect on the NumPy
+    backend.
 
     Torch tensors (``cuprope._core.torch_guard``): an inference op, not
     differentiable. With grad mode on, any tensor argument requiring grad is
@@ -192,7 +221,7 @@ def rope_append_mla(q_pe, k_pe, ckv, config, positions, *, kv_cache=None, ckv_ca
 
 
 # What the TypeError names for training: the differentiable rotation of the
-# rope slices (the module docstring of cuprope.mla).
+# rope slices (see the docstring of the cuprope.mla package).
 TRAINING = ("cuprope.torch.rope_qk(q[..., nope:], k_pe, config, positions=...) on [B, S, H, D] "
             "views for training (this is an inference op: it writes a cache)")
 

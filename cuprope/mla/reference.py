@@ -1,17 +1,7 @@
 """Float64 NumPy reference of DeepSeek MLA's rope + latent-cache append,
-written from the formulas (not from the kernels).
-
-For token t at position p and pair j (R = the rope dim, R/2 pairs):
-``theta_j = p * inv_freq[j]``, ``c = cos(theta_j) * scale``,
-``s = sin(theta_j) * scale`` (``scale``: the config's, YaRN's mscale
-factor), and the pair ``(x1, x2)`` turns to
-``(x1 c - x2 s, x2 c + x1 s)``. The pair is ``(x[2j], x[2j+1])`` when the
-config is interleaved (DeepSeek-V3's ``rope_interleave``, vLLM's
-``is_neox_style=False``), else ``(x[j], x[j + R/2])``.
-
-The cache row of token t holds ``[ckv_t | rotated k_pe_t]`` (Dc + R values),
-in the cache's dtype: the input dtype (the rotated k_pe rounded once to it),
-or e4m3 of ``value * (1/scale)`` (cuprope.kvcache.reference.scaled_e4m3).
+written from the formulas (not from the kernels): :func:`rotate_pe` (the
+rotation), :func:`mla_reference` (q_pe and k_pe by a RopeConfig) and
+:func:`expected_cache_rows` (the cache rows the kernels store).
 """
 from __future__ import annotations
 
@@ -25,7 +15,14 @@ __all__ = ["rotate_pe", "mla_reference", "expected_cache_rows"]
 def rotate_pe(x, positions, inv_freq, *, scale=1.0, interleaved=True) -> np.ndarray:
     """x ``[T, ..., R]`` rotated in float64 by ``positions`` ``[T]``
     (int) and ``inv_freq`` ``[R/2]``; the middle axes (heads) share the
-    token's angles."""
+    token's angles. Returns float64, x's shape.
+
+    For token t at position p and pair j: ``theta_j = p * inv_freq[j]``,
+    ``c = cos(theta_j) * scale``, ``s = sin(theta_j) * scale`` (``scale``:
+    the config's, YaRN's mscale factor), and the pair ``(x1, x2)`` turns to
+    ``(x1 c - x2 s, x2 c + x1 s)``. The pair is ``(x[2j], x[2j+1])`` when
+    ``interleaved`` (DeepSeek-V3's ``rope_interleave``, vLLM's
+    ``is_neox_style=False``), else ``(x[j], x[j + R/2])``."""
     x = np.asarray(x, dtype=np.float64)
     inv_freq = np.asarray(inv_freq, dtype=np.float64)
     r = x.shape[-1]
@@ -55,8 +52,9 @@ def mla_reference(q_pe, k_pe, positions, config):
 
 
 def expected_cache_rows(ckv, k_rot, dtype_name, scale=None) -> np.ndarray:
-    """The ``[T, Dc + R]`` rows the kernels store for float64 ``ckv`` and
-    rotated ``k_rot``: each rounded once to ``dtype_name`` (the inputs'), and
-    with a ``scale`` (an e4m3 cache) their e4m3 bytes."""
+    """The ``[T, Dc + R]`` rows ``[ckv_t | rotated k_pe_t]`` the kernels store
+    for float64 ``ckv`` and rotated ``k_rot``: each rounded once to
+    ``dtype_name`` (the inputs'), and with a ``scale`` (an e4m3 cache) their
+    e4m3 bytes, of ``value * (1/scale)`` (cuprope.kvcache.reference.scaled_e4m3)."""
     rows = np.concatenate([np.asarray(ckv, np.float64), np.asarray(k_rot, np.float64)], axis=-1)
     return kref.encode(rows, dtype_name, scale)
