@@ -1,12 +1,9 @@
 """LRPE rotate-1d (RoPE after an activation, per-head θ and an offset):
-
-* ``api.py``: ``rotate_1d_forward`` / ``rotate_1d_backward`` and
-  ``normalize_theta`` (shapes and semantics in its docstring);
-* ``reference.py``: its float64 NumPy reference.
-
-Its JAX adapter (``cuprope.jax.rotate_1d``) shares the rotation primitive of
-:mod:`cuprope.rope.jax`; torch tensors that require grad raise a TypeError
-(it has no autograd adapter).
+``rotate_1d_forward`` / ``rotate_1d_backward`` and ``normalize_theta``
+(``api``; shapes and semantics in their docstrings) and the float64
+reference (``reference``). Its JAX adapter (``cuprope.jax.rotate_1d``)
+shares the rotation primitive of :mod:`cuprope.rope.jax`; torch tensors that
+require grad raise a TypeError (it has no autograd adapter).
 """
 from .api import (ACTS, DIMS, activation, backward_reference, forward_reference,
                   normalize_theta, rotate, rotate_1d_backward, rotate_1d_forward)

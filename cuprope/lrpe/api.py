@@ -1,52 +1,9 @@
-"""LRPE rotate-1d (seed 000): RoPE after an activation, with per-head θ and an offset.
-
-    O = rotate(act(X, dim))
-
-for the linear-attention research that xopes (``ops/lrpe/rotate/_1d``) serves.
-Every head of token t splits at D/2 into X = [X1, X2]; pair i = (X1[i], X2[i])
-rotates by the angle (t + offset)·θ[h, i]:
-
-    O1 = X̄1 ⊙ cos − X̄2 ⊙ sin,   O2 = X̄1 ⊙ sin + X̄2 ⊙ cos,   X̄ = act(X, dim)
-
-and the backward passes through the rotation (Rᵀ: sin → −sin) and the
-activation: dX = act'(X) ⊙ Rᵀ dO for the elementwise activations and
-dX = s ⊙ (g − <g, s>) with g = Rᵀ dO, s = softmax(X) for the softmaxes.
-
-Shapes
-------
-x, do : ``[B, N, H, D]`` or ``[B, N, D]`` (one head), D even. float32,
-    float16 or bfloat16 (math in fp32, angles formed in float64). Any stride
-    for B, N and H; the last dim contiguous. NumPy, CuPy, PyTorch, JAX or any
-    DLPack array; the result comes back in the caller's type (GPU arrays run
-    the CUDA kernels on the caller's current stream, host arrays the float64
-    reference below, rounded once to the dtype).
-theta : angles per pair, any array-like (read on the host once per call; a
-    host array avoids a device sync). With P = D/2:
-
-    ``[H, E]``  one row per head, E <= P: pairs i < E rotate, pairs i >= E pass through
-    ``[1, E]``  one row shared by all heads
-    ``[E]``     the same as ``[1, E]``
-    ``[H]``     one angle per head for every pair; the same as ``[H, 1]``
-    ``[H, 1]``, ``[1, 1]``: a last dim of 1 always means "this angle for every
-                pair" (as in xopes); to rotate only pair 0, pad the row with zeros.
-
-    A 1-D theta whose length equals H is read as ``[H]`` (per head); otherwise
-    as ``[E]``. When its length is both H and P (and H > 1) the call cannot be
-    read one way: a ValueError asks for ``theta[:, None]`` (per head) or
-    ``theta[None, :]`` (shared). An angle of 0 leaves a pair unchanged exactly.
-offset : int >= 0, added to every position t = 0 … N−1 (a runtime value: no
-    recompilation per offset).
-act : ``"none"``, ``"relu"``, ``"sigmoid"``, ``"silu"`` or ``"softmax"``; it
-    applies to the whole head vector, pass-through dims included.
-dim : ``None`` or ``-1`` (softmax over the head dim D) or ``1`` (softmax over
-    the sequence N). Ignored by the elementwise activations.
-
-PyTorch (``cuprope._core.torch_guard``): ``cuprope.torch`` has no LRPE adapter, so
-with grad mode on a tensor argument that requires grad (x, do, theta or out)
-is a TypeError (wrap the pair in your own ``torch.autograd.Function``, or call
-under ``torch.no_grad()``), and ``out=`` a leaf that requires grad a
-RuntimeError as torch's in-place ops; under ``torch.compile`` a call is a
-graph break (it runs eagerly).
+"""LRPE rotate-1d: RoPE after an activation, with per-head θ and an offset,
+``O = rotate(act(X, dim))``, for the linear-attention research that xopes
+(``ops/lrpe/rotate/_1d``) serves. :func:`rotate_1d_forward` and
+:func:`rotate_1d_backward` (shapes and formulas in their docstrings),
+:func:`normalize_theta` (θ's accepted shapes), and their NumPy and GPU
+backends (the core's rope kernel with an activation).
 """
 from __future__ import annotations
 
@@ -73,8 +30,34 @@ DIMS = (None, -1, 1)
 
 
 def normalize_theta(theta, heads: int, head_dim: int) -> np.ndarray:
-    """θ as float64 ``[1 or H, E]``, the shape rules of the module docstring
-    applied; a last dim of 1 is expanded to every pair (E = D/2)."""
+    """θ as float64 ``[1 or H, E]``; a last dim of 1 is expanded to every
+    pair (E = D/2).
+
+    ``theta`` holds angles per pair, any array-like (read on the host once
+    per call; a host array avoids a device sync). With P = D/2 it reads as:
+
+    ``[H, E]``  one row per head, E <= P: pairs i < E rotate, pairs i >= E pass through
+    ``[1, E]``  one row shared by all heads
+    ``[E]``     the same as ``[1, E]``
+    ``[H]``     one angle per head for every pair; the same as ``[H, 1]``
+    ``[H, 1]``, ``[1, 1]``: a last dim of 1 always means "this angle for every
+                pair" (as in xopes); to rotate only pair 0, pad the row with zeros.
+
+    A 1-D theta whose length equals H is read as ``[H]`` (per head);
+    otherwise as ``[E]``. When its length is both H and P (and H > 1) the
+    call cannot be read one way: a ValueError asks for ``theta[:, None]``
+    (per head) or ``theta[None, :]`` (shared). An angle of 0 leaves a pair
+    unchanged exactly. theta must be real (TypeError) and finite
+    (ValueError).
+
+    Parameters
+    ----------
+    theta : array-like
+    heads : int
+        H, x's head count (1 for ``[B, N, D]``).
+    head_dim : int
+        D.
+    """
     half = head_dim // 2
     t = np.asarray(host_array(theta, "theta"))
     if t.dtype == np.bool_ or t.dtype.kind not in "fiu":
@@ -113,20 +96,51 @@ def normalize_theta(theta, heads: int, head_dim: int) -> np.ndarray:
 def rotate_1d_forward(x, theta, *, offset: int = 0, act: str = "none", dim=None, out=None):
     """LRPE rotate-1d forward: ``O = rotate(act(x, dim))``.
 
+    Every head of token t splits at D/2 into X = [X1, X2]; pair i =
+    (X1[i], X2[i]) rotates by the angle (t + offset)·θ[h, i]::
+
+        O1 = X̄1 ⊙ cos − X̄2 ⊙ sin,   O2 = X̄1 ⊙ sin + X̄2 ⊙ cos,   X̄ = act(X, dim)
+
     Parameters
     ----------
-    x : ``[B, N, H, D]`` or ``[B, N, D]`` array (float32, float16, bfloat16)
-    theta : ``[H, E]``, ``[1, E]``, ``[E]``, ``[H]`` or ``[H, 1]`` angles, E <= D/2
-        (see the module docstring for how each shape reads)
-    offset : int >= 0, added to the positions 0 … N−1
-    act : "none", "relu", "sigmoid", "silu" or "softmax"
-    dim : None or -1 (softmax over D) or 1 (softmax over N)
-    out : optional array like ``x`` (same framework, shape, dtype, device) to
-        write into; it may be ``x`` itself, but must not otherwise overlap it
+    x : array ``[B, N, H, D]`` or ``[B, N, D]`` (one head)
+        D even; float32, float16 or bfloat16 (math in fp32, angles formed in
+        float64). Any stride for B, N and H; the last dim contiguous. NumPy,
+        CuPy, PyTorch, JAX or any DLPack array: GPU arrays run the CUDA
+        kernels on the caller's current stream, host arrays the float64
+        reference (``cuprope.lrpe.reference``), rounded once to the dtype.
+    theta : array-like
+        ``[H, E]``, ``[1, E]``, ``[E]``, ``[H]`` or ``[H, 1]`` angles,
+        E <= D/2 (:func:`normalize_theta` says how each shape reads).
+    offset : int
+        >= 0, added to the positions 0 … N−1 (a runtime value: no
+        recompilation per offset); offset + N − 1 <= 2**31 − 1.
+    act : str
+        ``"none"``, ``"relu"``, ``"sigmoid"``, ``"silu"`` or ``"softmax"``
+        (:data:`ACTS`); it applies to the whole head vector, pass-through
+        dims included.
+    dim : {None, -1, 1}
+        None or -1: softmax over the head dim D; 1: softmax over the
+        sequence N. Ignored by the elementwise activations.
+    out : array, optional
+        Like ``x`` (same framework, shape, dtype, device) to write into; it
+        may be ``x`` itself, but must not otherwise overlap it.
 
     Returns
     -------
-    O, the shape and dtype of ``x``, in the caller's framework (``out`` when given).
+    array
+        O, the shape and dtype of ``x``, in the caller's framework (``out``
+        when given).
+
+    Notes
+    -----
+    PyTorch (``cuprope._core.torch_guard``): ``cuprope.torch`` has no LRPE
+    adapter, so with grad mode on a tensor argument that requires grad (x,
+    do, theta or out) is a TypeError (wrap the pair in your own
+    ``torch.autograd.Function``, or call under ``torch.no_grad()``), and
+    ``out=`` a leaf that requires grad a RuntimeError as torch's in-place
+    ops; under ``torch.compile`` a call is a graph break (it runs eagerly).
+    The JAX adapter is ``cuprope.jax.rotate_1d``.
     """
     if engaged(x, theta, out):
         return _torch("rotate_1d_forward", (x, theta), out,
@@ -135,15 +149,19 @@ def rotate_1d_forward(x, theta, *, offset: int = 0, act: str = "none", dim=None,
 
 
 def rotate_1d_backward(x, do, theta, *, offset: int = 0, act: str = "none", dim=None, out=None):
-    """Gradient of ``rotate_1d_forward`` w.r.t. ``x``: ``dX = act'(x) ⊙ Rᵀ dO``
-    (softmax: ``s ⊙ (g − <g, s>)`` with ``g = Rᵀ dO`` and ``s = softmax(x)``
-    over ``dim``), fused in one pass (softmax over N: a statistics pass first).
+    """Gradient of :func:`rotate_1d_forward` w.r.t. ``x``: through the
+    rotation (Rᵀ: sin → −sin) and the activation, ``dX = act'(x) ⊙ Rᵀ dO``
+    for the elementwise activations (softmax: ``s ⊙ (g − <g, s>)`` with
+    ``g = Rᵀ dO`` and ``s = softmax(x)`` over ``dim``), fused in one pass
+    (softmax over N: a statistics pass first). PyTorch rules as the
+    forward's.
 
     Parameters
     ----------
     x : the forward's input, ``[B, N, H, D]`` or ``[B, N, D]``; may be None
         when ``act="none"`` (not read then)
     do : gradient of the output, the shape, dtype and framework of ``x``
+        (``[B, N, H, D]`` or ``[B, N, D]``; float32, float16, bfloat16)
     theta, offset, act, dim : as in the forward
     out : optional array like ``do`` to write into; it may be ``do`` or ``x``
         itself, but must not otherwise overlap them

@@ -1,11 +1,10 @@
-"""Float64 reference for LRPE rotate-1d (seed 000): an activation, then RoPE
-with angles given per head, and the backward through both.
-
-Canonical layout: ``[B, N, H, D]``; every head splits at D/2, pair i =
-(x[i], x[i + D/2]). θ comes as ``theta2`` ``[1 or H, E]`` (E <= D/2; see
-``cuprope.lrpe.normalize_theta``); pairs i >= E pass through. This module is
-the NumPy backend of ``cuprope.lrpe`` and the tests' oracle, written from the
-seed's formulas, not from the kernel.
+"""Float64 reference for LRPE rotate-1d: an activation, then RoPE with angles
+given per head, and the backward through both. Canonical layout
+``[B, N, H, D]``; every head splits at D/2, pair i = (x[i], x[i + D/2]). θ
+comes as ``theta2`` ``[1 or H, E]`` (E <= D/2; see
+``cuprope.lrpe.normalize_theta``); pairs i >= E pass through. The NumPy
+backend of ``cuprope.lrpe`` and the tests' oracle, written from the
+formulas, not from the kernel.
 """
 from __future__ import annotations
 
