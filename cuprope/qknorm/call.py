@@ -2,8 +2,8 @@
 public, guarded functions) and ``cuprope.qknorm.torch`` (their custom ops):
 ``forward_call`` / ``backward_call`` run one call with no torch guard (the
 fast path, else ``QkNormCall``: validation, the NumPy backend or the GPU
-launch through ``cuprope.qknorm.launch``). Shapes, semantics and dtypes: the
-docstring of ``cuprope.qknorm.api``.
+launch through ``cuprope.qknorm.launch``). Shapes, semantics and dtypes:
+:func:`cuprope.qknorm.rope_qk_norm_forward`.
 """
 from __future__ import annotations
 

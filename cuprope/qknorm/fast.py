@@ -1,14 +1,12 @@
 """The fast paths of the fused QK-norm + RoPE (cuprope/_core/fastpath.py's
 machinery): a repeated forward or backward whose arrays and settings match a
 validated call's replays its launches, reading only the arrays' pointers.
-
-* forward: the QK-norm kernel's Plan (``fast_forward``);
-* backward: ``BackwardLaunch``, the kernel's Plan and the weight gradients'
-  reductions, on the partial-sum workspace of the current stream
-  (``fast_backward``).
-
+Forward: the QK-norm kernel's Plan (``fast_forward``); backward:
+``BackwardLaunch``, the kernel's Plan and the weight gradients' reductions,
+on the partial-sum workspace of the current stream (``fast_backward``).
 ``cuprope.qknorm.call`` takes these first and registers the entries after a
-general-path launch."""
+general-path launch.
+"""
 from __future__ import annotations
 
 from .._core import fastpath, validate

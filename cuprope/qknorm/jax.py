@@ -1,35 +1,7 @@
-"""JAX adapter of the fused QK-norm + RoPE (``cuprope.qknorm``). Re-exported
-by ``cuprope.jax``.
-
-``rope_qk_norm(q, k, config, *, q_weight=None, k_weight=None, ...)`` takes
-``cuprope.qknorm.rope_qk_norm_forward``'s arguments (no ``out``, ``inplace``
-or ``stream``) and returns (q_out, k_out). It is differentiable in q, k and
-both weights (``jax.custom_vjp``: the backward is cuprope's, from the saved
-q, k and weights), jit-able, and batches under ``jax.vmap`` (a leading axis
-of q and k folds into their batch dim where the layout has one and nothing
-else is batched, positions per batch, seq_offsets and per-batch tables aside,
-and never for the backward with a weight, whose gradient sums over the
-batch; otherwise the call runs once per element, ``lax.map``). ``config``,
-``eps``, ``norm``, ``weight_offset``, ``order``, ``norm_over``, ``rounding``
-and ``offset`` are static (a new value retraces); positions, seq_offsets, the
-weights and the tables are traced. ``tables=(cos, sin)`` and positions are
-constants to ``grad``.
-
-On a GPU the call lowers to jaxlib's GPU kernel call with the flat entries of
-kernels/qknorm_flat.cuh (PTX from NVRTC at trace time): the same kernel, grid,
-shared memory and struct words as the eager call (``cuprope.qknorm.launch``
-computes them for both), so results equal the eager call's bit for bit. The
-backward with weights is two or three custom calls: the kernel, which also
-writes the float32 partial rows of the weight gradient as a scratch result,
-then ``qknorm_dw_kernel`` per weight. On the CPU backend it runs the NumPy
-backend through ``jax.pure_callback``.
-
-Under ``jax.sharding`` (a GPU backend) it partitions like ``rope_qk``: batch
-and heads stay sharded (``norm_over="token"`` or per-head frequencies keep
-the heads whole), weights are replicated, each shard runs the kernels on its
-local shapes, and a weight's gradient is the float32 sum of the shards'
-partials, cast once. Under ``shard_map`` results vary over every mesh axis an
-operand varies over; a replicated weight's gradient is summed the same way.
+"""JAX adapter of the fused QK-norm + RoPE (``cuprope.qknorm``), re-exported by
+``cuprope.jax``: :func:`rope_qk_norm` as a primitive with its VJP, vmap rule,
+sharding rule and lowerings (jaxlib's GPU kernel call with the flat entries
+of kernels/qknorm_flat.cuh; the NumPy backend on the CPU).
 """
 from __future__ import annotations
 
@@ -350,9 +322,55 @@ def rope_qk_norm(q, k, config: RopeConfig, *, q_weight=None, k_weight=None, eps:
                  norm: str = "rms", weight_offset: float = 0.0, order: str = "norm_then_rope",
                  norm_over: str = "head", rounding: str = "exact", tables=None, positions=None,
                  offset: int = 0, seq_offsets=None):
-    """Differentiable, jit-able fused QK-norm + RoPE on JAX arrays
-    (``cuprope.qknorm.rope_qk_norm_forward``'s shapes and semantics). Returns
-    (q_out, k_out); gradients reach q, k, q_weight and k_weight."""
+    """Differentiable, jit-able fused QK-norm + RoPE on JAX arrays.
+
+    Parameters
+    ----------
+    q, k : jax.Array
+    config : RopeConfig
+    q_weight, k_weight, eps, norm, weight_offset, order, norm_over, rounding,
+    tables, positions, offset, seq_offsets
+        :func:`cuprope.qknorm.rope_qk_norm_forward`'s arguments, shapes,
+        dtypes and semantics (no ``out``, ``inplace`` or ``stream``).
+        ``config``, ``eps``, ``norm``, ``weight_offset``, ``order``,
+        ``norm_over``, ``rounding`` and ``offset`` are static (a new value
+        retraces); positions, seq_offsets, the weights and the tables are
+        traced. ``tables=(cos, sin)`` and positions are constants to
+        ``grad``.
+
+    Returns
+    -------
+    tuple of jax.Array
+        ``(q_out, k_out)``; gradients reach q, k, q_weight and k_weight.
+
+    Notes
+    -----
+    Differentiable through ``jax.custom_vjp`` (the backward is cuprope's,
+    from the saved q, k and weights), jit-able, and batches under
+    ``jax.vmap``: a leading axis of q and k folds into their batch dim where
+    the layout has one and nothing else is batched, positions per batch,
+    seq_offsets and per-batch tables aside, and never for the backward with
+    a weight, whose gradient sums over the batch; otherwise the call runs
+    once per element (``lax.map``).
+
+    On a GPU the call lowers to jaxlib's GPU kernel call with the flat
+    entries of kernels/qknorm_flat.cuh (PTX from NVRTC at trace time): the
+    same kernel, grid, shared memory and struct words as the eager call
+    (``cuprope.qknorm.launch`` computes them for both), so results equal the
+    eager call's bit for bit. The backward with weights is two or three
+    custom calls: the kernel, which also writes the float32 partial rows of
+    the weight gradient as a scratch result, then ``qknorm_dw_kernel`` per
+    weight. On the CPU backend it runs the NumPy backend through
+    ``jax.pure_callback``.
+
+    Under ``jax.sharding`` (a GPU backend) it partitions like ``rope_qk``:
+    batch and heads stay sharded (``norm_over="token"`` or per-head
+    frequencies keep the heads whole), weights are replicated, each shard
+    runs the kernels on its local shapes, and a weight's gradient is the
+    float32 sum of the shards' partials, cast once. Under ``shard_map``
+    results vary over every mesh axis an operand varies over; a replicated
+    weight's gradient is summed the same way.
+    """
     if not isinstance(config, RopeConfig):
         raise TypeError(f"config must be a cuprope.RopeConfig, got {type(config).__name__}")
     if tables is not None and (not isinstance(tables, (tuple, list)) or len(tables) != 2):

@@ -1,19 +1,9 @@
 """Float64 reference of the fused QK-norm + RoPE (``cuprope.qknorm``), and a
-NumPy emulation of Hugging Face's roundings of the same computation.
-
-Written from the formulas, not from the kernel. Canonical layout: ``x`` is
+NumPy emulation of Hugging Face's roundings of the same computation. Written
+from the formulas, not from the kernel. Canonical layout: ``x`` is
 ``[B, S, H, D]`` (float64, or any float array); ``angles`` are the core
 reference's ``[B, S, H or 1, R/2]`` (``cuprope.reference.pair_angles``), or
 HF's cos/sin tables as a tuple ``(cos, sin)``, each ``[B or 1, S, 1, R]``.
-
-The norm of a row v (a head's D values, or with ``over="token"`` all H·D
-values of a token of one tensor):
-
-    N(v) = v · rsqrt(mean(v²) + eps) · w',   w' = weight_offset + weight
-
-(w' = 1 when there is no weight; ``weight`` is ``[D]`` for ``over="head"``,
-``[H·D]`` for ``over="token"``). ``order="norm_then_rope"``: y = R(N(x)) on
-dims < R (dims ≥ R: N(x)); ``"rope_then_norm"``: y = N(R(x)).
 """
 from __future__ import annotations
 
@@ -63,7 +53,18 @@ def rotation(x, angles, rotary_dim, interleaved, scale, inverse=False):
 
 def forward(x, angles, *, rotary_dim, interleaved, scale=1.0, weight=None, weight_offset=0.0,
             eps=1e-6, over="head", order="norm_then_rope"):
-    """y in float64 ``[B, S, H, D]`` (see the module docstring)."""
+    """y in float64 ``[B, S, H, D]``.
+
+    The norm of a row v (a head's D values, or with ``over="token"`` all
+    H·D values of a token of one tensor)::
+
+        N(v) = v · rsqrt(mean(v²) + eps) · w',   w' = weight_offset + weight
+
+    (w' = 1 when there is no weight; ``weight`` is ``[D]`` for
+    ``over="head"``, ``[H·D]`` for ``over="token"``).
+    ``order="norm_then_rope"``: y = R(N(x)) on dims < R (dims ≥ R: N(x));
+    ``"rope_then_norm"``: y = N(R(x)). ``angles`` and x as the module
+    docstring says."""
     x = np.asarray(x, dtype=np.float64)
     wf = _weight_factor(weight, weight_offset, x.shape[2], x.shape[3], over)
     if order == "rope_then_norm":

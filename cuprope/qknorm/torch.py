@@ -1,15 +1,8 @@
 """PyTorch adapter of the fused QK-norm + RoPE (``cuprope.qknorm``): autograd
-and torch.compile. Re-exported by ``cuprope.torch``.
-
-``rope_qk_norm(q, k, config, *, q_weight=None, k_weight=None, ...)`` takes
-``cuprope.qknorm.rope_qk_norm_forward``'s arguments (no ``out``/``inplace``)
-and is differentiable in q, k and both weights (cos/sin ``tables`` that
-require grad: TypeError, it has no gradient for them). Eager calls run an
-``autograd.Function``; under ``torch.compile`` it dispatches to the custom
-ops ``cuprope::rope_qk_norm`` / ``cuprope::rope_qk_norm_backward`` (fake
-implementations, registered autograd), so ``fullgraph=True`` traces through.
-The backward saves q, k (before the norm) and the weights, and recomputes the
-norm from them.
+(:class:`RopeQKNormFunction`) and the ``torch.compile`` custom ops
+``cuprope::rope_qk_norm`` / ``cuprope::rope_qk_norm_backward``, re-exported
+by ``cuprope.torch``; ``route_forward`` / ``route_backward`` take the
+public functions' torch tensors that their guard stopped.
 """
 from __future__ import annotations
 
@@ -157,9 +150,32 @@ def rope_qk_norm(q: torch.Tensor, k: torch.Tensor, config: RopeConfig, *, q_weig
                  weight_offset: float = 0.0, order: str = "norm_then_rope",
                  norm_over: str = "head", rounding: str = "exact", tables=None,
                  positions: _Opt = None, offset: int = 0, seq_offsets: _Opt = None):
-    """Differentiable fused QK-norm + RoPE (``cuprope.qknorm.rope_qk_norm_forward``'s
-    shapes and semantics). Returns (q_out, k_out) as new tensors; gradients
-    reach q, k, q_weight and k_weight (``tables`` must not require grad)."""
+    """Differentiable fused QK-norm + RoPE.
+
+    Parameters
+    ----------
+    q, k : torch.Tensor
+    config : RopeConfig
+    q_weight, k_weight, eps, norm, weight_offset, order, norm_over, rounding,
+    tables, positions, offset, seq_offsets
+        :func:`cuprope.qknorm.rope_qk_norm_forward`'s arguments, shapes,
+        dtypes and semantics (no ``out``/``inplace``/``stream``).
+
+    Returns
+    -------
+    tuple of torch.Tensor
+        ``(q_out, k_out)``, new tensors; gradients reach q, k, q_weight and
+        k_weight. cos/sin ``tables`` that require grad (grad mode on) are a
+        TypeError: there is no gradient for them.
+
+    Notes
+    -----
+    Eager calls run an ``autograd.Function``; under ``torch.compile`` it
+    dispatches to the custom ops ``cuprope::rope_qk_norm`` /
+    ``cuprope::rope_qk_norm_backward`` (fake implementations, registered
+    autograd), so ``fullgraph=True`` traces through. The backward saves q, k
+    (before the norm) and the weights, and recomputes the norm from them.
+    """
     cos, sin = (None, None) if tables is None else tuple(tables)
     args = (q, k, q_weight, k_weight, cos, sin, positions, seq_offsets)
     scalars = (_key(config), int(offset), float(eps), norm, float(weight_offset), order,
