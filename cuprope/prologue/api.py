@@ -1,50 +1,9 @@
-"""The decode prologue in one launch: QK-norm + RoPE of q and k (as
-``cuprope.qknorm.rope_qk_norm_forward``), q into ``q_out`` (its dtype or fp8
-e4m3), and the normed, rotated k and the raw v written into a paged KV cache
-(as ``cuprope.kvcache.rope_append_kv``), for Qwen3, Gemma 3, OLMo 2 and
-Llama 4 layers, every step.
-
-Shapes: q ``[T, Hq, D]`` with ``config.layout == "thd"``, or ``[B, S, Hq, D]``
-with ``"bshd"``; k and v ``[T or B, S, Hk, D]`` alike; float32, float16 or
-bfloat16, one dtype; any token and head strides, a contiguous last dim.
-positions: int32/int64, required: ``[T]`` (thd), ``[S]`` or ``[B, S]``
-(bshd), with a leading stream axis under a stream map.
-
-The norm (``q_weight``, ``k_weight``, ``eps``, ``norm``, ``weight_offset``,
-``order``, ``norm_over``, ``rounding``) is ``rope_qk_norm_forward``'s, with
-computed angles (no HF ``tables``); the cache, its addressing (``slot_mapping``
-or ``kv_indices`` / ``kv_indptr`` / ``batch_indices`` / ``cache_positions``),
-``kv_layout`` ("NHD"/"HND"), separate ``k_cache``/``v_cache`` or one
-``kv_cache``, the fp8 scales ``q_scale``/``k_scale``/``v_scale`` (float32
-device scalars, k and v per head too; positive and finite: ``check=True``
-raises ValueError for 0, a negative, inf or NaN scale, which without it
-stores what 1/scale gives), ``check`` and what is skipped (padding, indices
-out of range) are ``rope_append_kv``'s.
-
-Results: the bits of ``rope_qk_norm_forward(q, k, config, ...)`` followed by
-``rope_append_kv`` of its q and k (with a rotation by angle 0), up to the
-sign of zero: q_out holds the normed, rotated q rounded to the dtype (e4m3 of
-it times 1/q_scale for an fp8 q_out); the cache rows hold k likewise and v
-(e4m3 of v times 1/v_scale for an fp8 cache). Every other byte of q_out and
-the caches is untouched. (The two calls' angle-0 rotation computes x1 - x2·0
-and x2 + x1·0 from the rounded values: where a value is -0.0 it may give
-+0.0, an e4m3 byte 0x00 for 0x80, as the sign of its pair partner decides,
-and beside an infinity NaN; this launch stores the values as they are.)
-q is written in place unless ``q_out`` is given; k and v are only read.
-Returns q_out (or q). JAX arrays are not offered (TypeError): a cache write
-needs donated buffers.
-
-``enable_pdl=True`` (CUDA, compute capability 9.0+): a programmatic
-dependent launch, as serving engines launch it under CUDA graphs. The kernel
-may start while the stream's previous kernel (the QKV GEMM) still runs: it
-may read the weights, scales, positions and addressing before it waits for
-that kernel (it reads the norm weights and q_scale there), and loads q, k
-and v and stores only after. So the weights, the scales, positions and the
-addressing must be complete when the previous kernel starts; q, k and v may
-be written by it.
-Opt-in: cuprope cannot know who wrote those arrays, so no automatic rule is
-safe. Same bits; ValueError on a GPU before sm_90, RuntimeError with a
-driver before CUDA 12; no effect on the NumPy backend.
+"""The decode prologue in one launch (``cuprope.prologue.qk_norm_rope_append_kv``):
+QK-norm + RoPE of q and k (as ``cuprope.qknorm.rope_qk_norm_forward``), q
+into ``q_out`` (its dtype or fp8 e4m3), and the normed, rotated k and the raw
+v written into a paged KV cache (as ``cuprope.kvcache.rope_append_kv``), for
+Qwen3, Gemma 3, OLMo 2 and Llama 4 layers, every step; its NumPy backend and
+launch. Arguments and results: :func:`qk_norm_rope_append_kv`.
 """
 from __future__ import annotations
 
@@ -76,8 +35,75 @@ def qk_norm_rope_append_kv(q, k, v, config, positions, *, q_weight=None, k_weigh
                            kv_last_page_len=None, q_out=None, q_scale=None, k_scale=None,
                            v_scale=None, check=False, stream=None, enable_pdl=False):
     """Norm and rotate q and k, store q (into ``q_out``, else in place) and
-    write k and v into the cache rows the addressing names, in one launch
-    (module docstring, also for ``enable_pdl``). Returns q_out (or q).
+    write k and v into the cache rows the addressing names, in one launch.
+
+    Parameters
+    ----------
+    q : array
+        ``[T, Hq, D]`` with ``config.layout == "thd"``, or ``[B, S, Hq, D]``
+        with ``"bshd"``; float32, float16 or bfloat16; any token and head
+        strides, a contiguous last dim. Written in place unless ``q_out``
+        is given.
+    k, v : arrays
+        ``[T, Hk, D]`` or ``[B, S, Hk, D]`` alike, q's dtype; only read.
+    config : RopeConfig
+    positions : int32 or int64 array
+        Required: ``[T]`` (thd), ``[S]`` or ``[B, S]`` (bshd), with a
+        leading stream axis under a stream map.
+    q_weight, k_weight, eps, norm, weight_offset, order, norm_over, rounding
+        The norm, as :func:`cuprope.qknorm.rope_qk_norm_forward`'s, with
+        computed angles (no HF ``tables``).
+    k_cache, v_cache, kv_cache, kv_layout
+        The cache, as :func:`cuprope.kvcache.rope_append_kv`'s: separate
+        ``k_cache``/``v_cache`` or one ``kv_cache``; ``kv_layout`` "NHD" or
+        "HND".
+    slot_mapping, kv_indices, kv_indptr, batch_indices, cache_positions,
+    kv_last_page_len
+        The addressing, as :func:`cuprope.kvcache.rope_append_kv`'s,
+        skipping what it skips (padding, indices out of range).
+    q_out : array, optional
+        q's shape; q's dtype or fp8 e4m3 (with ``q_scale``).
+    q_scale, k_scale, v_scale : arrays, optional
+        fp8 scales: float32 device scalars (k and v per head too); positive
+        and finite: ``check=True`` raises ValueError for 0, a negative, inf
+        or NaN scale, which without it stores what 1/scale gives.
+    check : bool
+        As :func:`cuprope.kvcache.rope_append_kv`'s.
+    stream : optional
+        The CUDA stream; default the caller's current one.
+    enable_pdl : bool
+        A programmatic dependent launch (CUDA, compute capability 9.0+; see
+        Notes).
+
+    Returns
+    -------
+    array
+        ``q_out``, or q.
+
+    Notes
+    -----
+    Results: the bits of ``rope_qk_norm_forward(q, k, config, ...)`` followed
+    by ``rope_append_kv`` of its q and k (with a rotation by angle 0), up to
+    the sign of zero: q_out holds the normed, rotated q rounded to the dtype
+    (e4m3 of it times 1/q_scale for an fp8 q_out); the cache rows hold k
+    likewise and v (e4m3 of v times 1/v_scale for an fp8 cache). Every other
+    byte of q_out and the caches is untouched. (The two calls' angle-0
+    rotation computes x1 - x2·0 and x2 + x1·0 from the rounded values: where
+    a value is -0.0 it may give +0.0, an e4m3 byte 0x00 for 0x80, as the
+    sign of its pair partner decides, and beside an infinity NaN; this
+    launch stores the values as they are.) JAX arrays are not offered
+    (TypeError): a cache write needs donated buffers.
+
+    ``enable_pdl=True`` launches as serving engines do under CUDA graphs:
+    the kernel may start while the stream's previous kernel (the QKV GEMM)
+    still runs; it may read the weights, scales, positions and addressing
+    before it waits for that kernel (it reads the norm weights and q_scale
+    there), and loads q, k and v and stores only after. So the weights, the
+    scales, positions and the addressing must be complete when the previous
+    kernel starts; q, k and v may be written by it. Opt-in: cuprope cannot
+    know who wrote those arrays, so no automatic rule is safe. Same bits;
+    ValueError on a GPU before sm_90, RuntimeError with a driver before
+    CUDA 12; no effect on the NumPy backend.
 
     Torch tensors (``cuprope._core.torch_guard``): an inference op, not
     differentiable. With grad mode on, any tensor argument requiring grad (q,

@@ -1,13 +1,7 @@
 """The decode prologue's launch (kernels/prologue.cuh ``prologue_kernel``) as
-a ``launcher.LaunchSpec``: the QK-norm struct of the call (the very fields
-``cuprope.qknorm`` launches with, q's output redirected to ``q_out`` and k's
-to nothing: k goes to the cache), the KV-append struct (v, the caches, the
-addressing, the fp8 scales) and the prologue's own words (``PROLOGUE_ARGS``:
-where the grid's v part starts, which targets take whole packs).
-
-The grid: ``qknorm_launch.geometry``'s blocks (the same body and pack width
-cuprope.qknorm would choose for q and k, hence the same bits), then the v
-part's blocks (one warp per token at a time).
+a ``launcher.LaunchSpec`` (:func:`spec`): the QK-norm struct of the call, the
+KV-append struct and the prologue's own words (``PROLOGUE_ARGS``), over
+QK-norm blocks followed by the v part's blocks.
 """
 from __future__ import annotations
 
@@ -40,7 +34,16 @@ def spec(call, qi, qo, ki, device, *, kv, fp8, packs, tokens, inv_freq_ptr,
     output, ``kv`` KvArgs by field name, ``fp8`` a sum of KV_FP8_Q and
     KV_FP8_CACHE, ``packs`` PrologueArgs.packs; ``calls`` the words
     Plan.run writes per call ((field, value index, addend), a field of
-    either struct by name); ``pdl`` a programmatic dependent launch."""
+    either struct by name); ``pdl`` a programmatic dependent launch.
+
+    The structs: the QK-norm struct of the call (the very fields
+    ``cuprope.qknorm`` launches with, q's output redirected to ``q_out`` and
+    k's to nothing: k goes to the cache), the KV-append struct (v, the
+    caches, the addressing, the fp8 scales) and the prologue's own words
+    (where the grid's v part starts, which targets take whole packs). The
+    grid: ``qknorm_launch.geometry``'s blocks (the same body and pack width
+    cuprope.qknorm would choose for q and k, hence the same bits), then the
+    v part's blocks (one warp per token at a time)."""
     sms = sm_count(device)
     ins = [qi, ki]
     geo = qknorm_launch.geometry(call, ins, ins, False, sms)

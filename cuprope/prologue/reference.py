@@ -2,12 +2,6 @@
 QK-norm reference (``cuprope.qknorm.reference``: norm and rotation) and the
 KV-append reference (``cuprope.kvcache.reference``: cache rows, rounding,
 e4m3 encoding). NumPy only; the tokens are packed ``[T, H, D]``.
-
-``normed`` gives q's or k's normed and rotated values (float64: exact in the
-exact mode, the model modes' own rounding sequence otherwise); ``prologue``
-gives what the op stores: q's output, and per written token its cache page,
-row, k row and v row, each as the kernels store them (the dtype's values, or
-e4m3 bytes with a scale).
 """
 from __future__ import annotations
 
