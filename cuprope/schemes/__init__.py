@@ -1,12 +1,10 @@
 """Frequency schemes and model configs: what builds a :class:`~cuprope.RopeConfig`
 (exported as ``cuprope.scaling``, which carries every name below).
-
-* ``scaling.py``: every RoPE scheme (default, linear, dynamic NTK, YaRN,
-  LongRoPE, Llama 3, proportional, M-RoPE, 2-D vision) as an ``inv_freq``
-  table, an optional ``stream_map`` and a ``scale``.
-* ``hf_config.py``: a model's HF ``config.json`` read into those tables
-  (``rope_config_from_hf``), built on ``scaling.py``.
-* ``hf_families.py``: what HF's model classes assume beyond ``config.json``.
+``scaling``: every RoPE scheme (default, linear, dynamic NTK, YaRN, LongRoPE,
+Llama 3, proportional, M-RoPE, 2-D vision) as an ``inv_freq`` table, an
+optional ``stream_map`` and a ``scale``; ``hf_config``: a model's HF
+``config.json`` read into those tables (``rope_config_from_hf``);
+``hf_families``: what HF's model classes assume beyond ``config.json``.
 """
 from .hf_config import hf_rope_parameters, hf_table, layer_types, rope_config_from_hf
 from .scaling import (ROPE_TYPE_ALIASES, ROPE_TYPES, default_table, dynamic_ntk_table,

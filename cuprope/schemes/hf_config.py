@@ -1,43 +1,8 @@
-"""A model's HF ``config.json`` → cuprope's RoPE settings, the way transformers reads it.
-
-:func:`rope_config_from_hf` returns the :class:`~cuprope.RopeConfig` of one
-attention layer: ``rotary_dim`` R, ``inv_freq`` float64 ``[R/2]``, ``scale``
-(the factor HF multiplies into cos and sin), ``interleaved`` (pair layout),
-and for MRoPE a ``stream_map`` ``[R/2]`` (positions then ``[3, S]`` /
-``[3, B, S]``). It returns **None for a layer without RoPE** (Llama 4's NoPE
-layers; a layer type whose parameters are ``null``).
-
-Which layer: ``layer_idx`` picks a layer; its ``layer_type`` is
-``layer_types[layer_idx]`` (listed in the config, or derived as the model class
-derives it); a layer type the family runs without RoPE (Qwen3-Next and
-Qwen3.5's ``linear_attention``) gives None. ``layer_type`` alone picks
-per-layer-type parameters (``rope_parameters`` keyed by layer type; Gemma 3's
-``rope_scaling`` for ``full_attention`` and ``rope_local_base_freq`` for
-``sliding_attention``; Gemma 4's ``global_head_dim`` for ``full_attention``). A
-config with per-type parameters and neither argument raises.
-
-What is read: ``rope_scaling`` / ``rope_parameters`` (legacy ``type``), ``rope_theta``
-(``rotary_emb_base``), ``partial_rotary_factor`` (``rotary_pct``), ``rotary_dim``,
-``head_dim`` (DeepSeek ``qk_rope_head_dim``), ``max_position_embeddings``,
-``original_max_position_embeddings`` (top level wins, as in HF), LongRoPE's
-``short_mscale`` / ``long_mscale`` (the scale, chosen by ``seq_len`` like the
-factors), ``mrope_section`` / ``mrope_interleaved``, ``text_config`` of
-multimodal configs, ``no_rope_layers`` / ``no_rope_layer_interval`` (1 = RoPE,
-0 = NoPE), ``rope_interleave``.
-
-Defaults: a field the config leaves out takes the default of the family's
-config class (:mod:`cuprope.schemes.hf_families`, keyed by ``model_type``). For a
-``model_type`` outside that table nothing is guessed: a missing field that
-families default differently (``rope_theta``, ``head_dim``,
-``partial_rotary_factor``) raises naming it, and so does the pair layout unless
-the caller passes ``interleaved``. A dict with no ``model_type`` at all gets
-transformers' generic defaults (θ base 10000, head_dim = hidden_size //
-num_attention_heads, partial factor 1, half split).
-
-Pair layout: ``interleaved=None`` (default) takes it from the family (DeepSeek-V3
-``rope_interleave``, GLM, Llama 4, Cohere, GPT-J: pairs (2i, 2i+1); the rest
-HF's half split). An explicit ``interleaved`` wins over the config: it states
-how the caller's q/k are laid out (e.g. weights permuted at load time).
+"""A model's HF ``config.json`` → cuprope's RoPE settings, the way transformers
+reads it: :func:`rope_config_from_hf` (what is read, which layer, the
+defaults and the pair layout are in its docstring), :func:`hf_rope_parameters`,
+:func:`hf_table` and :func:`layer_types`, built on the tables of
+:mod:`cuprope.schemes.scaling`.
 """
 from __future__ import annotations
 
@@ -384,16 +349,75 @@ def rope_config_from_hf(config, *, head_dim: int | None = None, seq_len: int | N
                         layer_type: str | None = None, layer_idx: int | None = None,
                         max_position_embeddings: int | None = None) -> RopeConfig | None:
     """The ``RopeConfig`` of one layer of an HF model, from its ``config.json``
-    dict as it is, or None when that layer has no RoPE (see the module docstring).
+    dict as it is, or None when that layer has no RoPE.
 
-    ``seq_len``: the sequence length for dynamic NTK and LongRoPE (None: the
-    original context). ``interleaved``: None takes the pair layout from the
-    config/family; True (pairs (2i, 2i+1)) or False (HF's half split (i, i + R/2))
-    wins over it. ``mrope_section`` gives a Qwen2-VL MRoPE config (positions
-    ``[3, ...]``), the Qwen3-VL interleaved one with ``mrope_interleaved``.
+    Parameters
+    ----------
+    config : dict or transformers config
+        A ``config.json`` dict, a ``transformers`` config object, or a bare
+        rope dict (``{"rope_type": ..., ...}``; then ``head_dim`` is
+        required). Multimodal configs are read through their
+        ``text_config``.
+    head_dim : int, optional
+        Overrides the config's head dim.
+    seq_len : int, optional
+        The sequence length for dynamic NTK and LongRoPE (None: the original
+        context).
+    layout : {"bshd", "bhsd", "thd"}
+        The RopeConfig's layout.
+    interleaved : bool, optional
+        None takes the pair layout from the config/family (DeepSeek-V3
+        ``rope_interleave``, GLM, Llama 4, Cohere, GPT-J: pairs (2i, 2i+1);
+        the rest HF's half split). True (pairs (2i, 2i+1)) or False (half
+        split (i, i + R/2)) wins over the config: it states how the caller's
+        q/k are laid out (e.g. weights permuted at load time).
+    layer_type : str, optional
+        Picks per-layer-type parameters (``rope_parameters`` keyed by layer
+        type; Gemma 3's ``rope_scaling`` for ``full_attention`` and
+        ``rope_local_base_freq`` for ``sliding_attention``; Gemma 4's
+        ``global_head_dim`` for ``full_attention``).
+    layer_idx : int, optional
+        Picks a layer; its ``layer_type`` is ``layer_types[layer_idx]``
+        (listed in the config, or derived as the model class derives it). A
+        config with per-type parameters and neither argument raises.
+    max_position_embeddings : int, optional
+        Overrides the config's.
 
-    Returns ``RopeConfig(rotary_dim=dim, inv_freq=..., scale=attention scale,
-    interleaved=..., stream_map=None or the MRoPE map)``."""
+    Returns
+    -------
+    RopeConfig or None
+        ``RopeConfig(rotary_dim=dim, inv_freq=..., scale=attention scale,
+        interleaved=..., stream_map=None or the MRoPE map)``: ``inv_freq``
+        float64 ``[R/2]``, ``scale`` the factor HF multiplies into cos and
+        sin. ``mrope_section`` gives a Qwen2-VL MRoPE config (a
+        ``stream_map`` ``[R/2]``; positions ``[3, S]`` / ``[3, B, S]``), the
+        Qwen3-VL interleaved one with ``mrope_interleaved``. None for a layer
+        without RoPE: Llama 4's NoPE layers, a layer type whose parameters
+        are ``null``, a layer type the family runs without RoPE (Qwen3-Next
+        and Qwen3.5's ``linear_attention``).
+
+    Notes
+    -----
+    What is read: ``rope_scaling`` / ``rope_parameters`` (legacy ``type``),
+    ``rope_theta`` (``rotary_emb_base``), ``partial_rotary_factor``
+    (``rotary_pct``), ``rotary_dim``, ``head_dim`` (DeepSeek
+    ``qk_rope_head_dim``), ``max_position_embeddings``,
+    ``original_max_position_embeddings`` (top level wins, as in HF),
+    LongRoPE's ``short_mscale`` / ``long_mscale`` (the scale, chosen by
+    ``seq_len`` like the factors), ``mrope_section`` / ``mrope_interleaved``,
+    ``text_config`` of multimodal configs, ``no_rope_layers`` /
+    ``no_rope_layer_interval`` (1 = RoPE, 0 = NoPE), ``rope_interleave``.
+
+    Defaults: a field the config leaves out takes the default of the
+    family's config class (:mod:`cuprope.schemes.hf_families`, keyed by
+    ``model_type``). For a ``model_type`` outside that table nothing is
+    guessed: a missing field that families default differently
+    (``rope_theta``, ``head_dim``, ``partial_rotary_factor``) raises naming
+    it, and so does the pair layout unless the caller passes
+    ``interleaved``. A dict with no ``model_type`` at all gets transformers'
+    generic defaults (θ base 10000, head_dim = hidden_size //
+    num_attention_heads, partial factor 1, half split).
+    """
     p = hf_rope_parameters(config, layer_type=layer_type, layer_idx=layer_idx, head_dim=head_dim,
                            max_position_embeddings=max_position_embeddings)
     if p is None:

@@ -1,31 +1,10 @@
-"""What HF transformers' model classes assume when a ``config.json`` says nothing.
-
-A published ``config.json`` leaves out every field whose value equals the
-default of the model family's config class; the family's modelling code also
-fixes things no config states, such as the pair layout of the rotation.
-:data:`FAMILIES` holds those facts per ``model_type``, each taken from the
-transformers 5.23 file named in :attr:`Family.source` (``configuration_*.py``
-for defaults, ``modeling_*.py`` for the layout):
-
-* ``rope_theta``: the config class's ``default_theta``.
-* ``head_dim``: the class default (int), or None where the class derives it as
-  ``hidden_size // num_attention_heads``. ``head_dim_key`` names the field that
-  is the rotary head dim (DeepSeek: ``qk_rope_head_dim``).
-* ``partial_rotary_factor``: the class default; ``mrope_section``: the default
-  of the Qwen-VL rotary modules.
-* ``interleaved``: True where the modelling code rotates pairs (2i, 2i+1)
-  (``x[..., 0::2]`` / complex views / ``repeat_interleave``), False for the
-  half split of ``rotate_half``; a ``(field, default)`` tuple where a config
-  field chooses (DeepSeek-V3's ``rope_interleave``).
-* per-layer facts: Gemma 3 / OLMo 3 apply ``rope_scaling`` to full attention
-  only (sliding layers: default RoPE with the local base), Gemma 4's global
-  head dim, default parameters (Gemma 4 per layer type, gpt-oss), the sliding-window pattern that derives
-  ``layer_types``, Llama 4's NoPE interval, the layer types that have no RoPE
-  (Qwen3-Next / Qwen3.5's ``linear_attention``: Gated DeltaNet) and the
-  ``full_attention_interval`` that derives their ``layer_types``.
-
-A ``model_type`` missing here is an unknown family: cuprope then refuses to
-guess any of these fields (see :mod:`cuprope.schemes.hf_config`).
+"""What HF transformers' model classes assume when a ``config.json`` says
+nothing. A published ``config.json`` leaves out every field whose value
+equals the default of the model family's config class; the family's
+modelling code also fixes things no config states, such as the pair layout
+of the rotation. :data:`FAMILIES` holds those facts per ``model_type``
+(:class:`Family` lists them); a ``model_type`` missing there is an unknown
+family, whose fields cuprope refuses to guess (:mod:`cuprope.schemes.hf_config`).
 """
 from __future__ import annotations
 
@@ -36,6 +15,29 @@ __all__ = ["Family", "FAMILIES", "GENERIC", "family_of"]
 
 @dataclass(frozen=True)
 class Family:
+    """One model family's facts, each taken from the transformers 5.23 file
+    named in ``source`` (``configuration_*.py`` for defaults,
+    ``modeling_*.py`` for the layout):
+
+    * ``rope_theta``: the config class's ``default_theta``.
+    * ``head_dim``: the class default (int), or None where the class derives
+      it as ``hidden_size // num_attention_heads``. ``head_dim_key`` names
+      the field that is the rotary head dim (DeepSeek: ``qk_rope_head_dim``).
+    * ``partial_rotary_factor``: the class default; ``mrope_section``: the
+      default of the Qwen-VL rotary modules.
+    * ``interleaved``: True where the modelling code rotates pairs (2i, 2i+1)
+      (``x[..., 0::2]`` / complex views / ``repeat_interleave``), False for
+      the half split of ``rotate_half``; a ``(field, default)`` tuple where a
+      config field chooses (DeepSeek-V3's ``rope_interleave``).
+    * per-layer facts: Gemma 3 / OLMo 3 apply ``rope_scaling`` to full
+      attention only (sliding layers: default RoPE with the local base),
+      Gemma 4's global head dim, default parameters (Gemma 4 per layer type,
+      gpt-oss), the sliding-window pattern that derives ``layer_types``,
+      Llama 4's NoPE interval, the layer types that have no RoPE
+      (Qwen3-Next / Qwen3.5's ``linear_attention``: Gated DeltaNet) and the
+      ``full_attention_interval`` that derives their ``layer_types``.
+    """
+
     source: str
     rope_theta: float = 10000.0
     head_dim: int | None = None

@@ -1,43 +1,11 @@
-"""RoPE frequency schemes as tables: every scheme is an ``inv_freq`` table, an
-optional ``stream_map`` and a ``scale`` on a :class:`~cuprope.RopeConfig`.
-
-The per-scheme functions follow HF transformers (``modeling_rope_utils.py``,
+"""RoPE frequency schemes as tables (exported, with ``hf_config``'s names, as
+``cuprope.scaling``): each scheme is an ``inv_freq`` table, an optional
+``stream_map`` and a ``scale`` on a :class:`~cuprope.RopeConfig`. The
+per-scheme functions follow HF transformers (``modeling_rope_utils.py``,
 Qwen2-VL / Qwen3-VL modelling) and return ``(inv_freq, attention_scale)``:
-``inv_freq`` is float64 ``[dim/2]`` (θ_j for pair j) and ``attention_scale``
-is the factor HF multiplies into cos and sin (``RopeConfig.scale``). They are
-computed in float64; HF computes them in float32, so tables agree to float32
-rounding.
-
-=========  ===================================================================
-scheme     inv_freq (i = 0 … dim/2 − 1, θ_i = base^(−2i/dim))
-=========  ===================================================================
-default    θ_i
-linear     θ_i / factor
-dynamic    base' = base·(factor·L/max_pos − (factor − 1))^(dim/(dim−2)), L = max(seq_len, max_pos)
-yarn       ramp mix of θ_i (extrapolation) and θ_i/factor (interpolation); scale = attention factor
-longrope   θ_i / ext_i, ext = long_factor if seq_len > original else short_factor; scale = attention factor
-llama3     θ_i, θ_i/factor, or a smooth mix, by wavelength 2π/θ_i against original/high_ff, original/low_ff
-prop.      whole head: θ_i (i < partial·dim/2, exponent over dim = head_dim), 0 for the rest; /factor
-=========  ===================================================================
-
-Multimodal (positions gain a leading stream axis, ``[n_streams, S]`` or
-``[n_streams, B, S]``, or ``[n_streams, T]`` for ``"thd"``):
-
-* :func:`mrope_config` — Qwen2-VL MRoPE: ``mrope_section`` counts pairs and
-  sums to R/2; pairs of section k use stream k (0 = T, 1 = H, 2 = W); the
-  frequency index runs on across sections; half split, so dims j and j + R/2
-  share pair j's stream.
-* :func:`interleaved_mrope_config` — Qwen3-VL: pairs 1, 4, 7, … below 3·s_h
-  use H, pairs 2, 5, 8, … below 3·s_w use W, the rest T.
-* :func:`vision2d_config` — Qwen2-VL vision 2-D RoPE: pairs (j, j + D/2) over
-  the whole head; the first D/4 pairs use the h stream, the next D/4 the w
-  stream; the frequency index restarts at the second half:
-  θ = base^(−2k/(D/2)), k = j mod D/4.
-
-:func:`rope_config_from_hf`, :func:`hf_table` and :func:`hf_rope_parameters`
-read a model's ``config.json``; they live in :mod:`cuprope.schemes.hf_config`
-(which builds on the tables here), and the public :mod:`cuprope.scaling`
-exports both modules' names.
+θ_j per pair, float64 ``[dim/2]``, and the factor HF multiplies into cos and
+sin (``RopeConfig.scale``). HF computes them in float32, these in float64,
+so tables agree to float32 rounding.
 """
 from __future__ import annotations
 
@@ -322,7 +290,13 @@ def mrope_config(mrope_section, inv_freq=None, *, base: float = 10000.0, scale: 
                  layout: str = "bshd", interleaved: bool = False) -> RopeConfig:
     """Qwen2-VL MRoPE: R = 2·sum(mrope_section); ``inv_freq`` ``[R/2]`` (default:
     base^(−2i/R)); stream_map from :func:`mrope_stream_map`. Positions
-    ``[3, S]``, ``[3, B, S]`` or ``[3, T]`` (T, H, W position ids)."""
+    ``[3, S]``, ``[3, B, S]`` or ``[3, T]`` (T, H, W position ids).
+
+    ``mrope_section`` counts pairs and sums to R/2; pairs of section k use
+    stream k (0 = T, 1 = H, 2 = W); the frequency index runs on across
+    sections; half split (the default), so dims j and j + R/2 share pair
+    j's stream. ``scale``, ``layout`` and ``interleaved`` go to the
+    RopeConfig. Returns the RopeConfig."""
     return _mm_config(mrope_stream_map(mrope_section), inv_freq, base, scale, layout,
                       interleaved, "mrope_config")
 
@@ -331,7 +305,9 @@ def interleaved_mrope_config(mrope_section, inv_freq=None, *, base: float = 1000
                              scale: float = 1.0, layout: str = "bshd",
                              interleaved: bool = False) -> RopeConfig:
     """Qwen3-VL interleaved MRoPE: as :func:`mrope_config` with the stream map of
-    :func:`interleaved_mrope_stream_map`."""
+    :func:`interleaved_mrope_stream_map` (pairs 1, 4, 7, … below 3·s_h use
+    H, pairs 2, 5, 8, … below 3·s_w use W, the rest T). Returns the
+    RopeConfig."""
     return _mm_config(interleaved_mrope_stream_map(mrope_section), inv_freq, base, scale, layout,
                       interleaved, "interleaved_mrope_config")
 
@@ -356,7 +332,7 @@ def vision2d_config(head_dim: int, *, base: float = 10000.0, scale: float = 1.0,
     """Qwen2-VL vision 2-D RoPE over the whole head (rotary_dim = head_dim, half
     split: pairs (j, j + D/2)). Positions ``[2, T]`` (or ``[2, S]`` /
     ``[2, B, S]``): row 0 the h (row) index of each patch, row 1 the w
-    (column) index. See :func:`vision2d_tables`."""
+    (column) index. See :func:`vision2d_tables`. Returns the RopeConfig."""
     inv, smap = vision2d_tables(head_dim, base)
     return RopeConfig(int(head_dim), inv_freq=inv, scale=scale, layout=layout,
                       interleaved=interleaved, stream_map=smap)
