@@ -1,16 +1,9 @@
 """The kernels' argument structs on the host, each from one named, ordered
-field list (``ArgStruct``): ``struct RopeArgs`` and ``struct KvArgs``
-(kernels/args.cuh), ``struct QkNormArgs`` (kernels/qknorm.cuh) and the
-scalar parameter lists of ``qknorm_dw_kernel`` and ``kv_angle_table_kernel``.
-
-From a field list derive: the packed format (every field is one or more
-8-byte words: int64 ``"q"`` or float64 ``"d"``), each field's slot in the
-int64 view, and the flat entry points (one 8-byte kernel parameter per word,
-for jaxlib's GPU kernel call): their parameter order (pointers first, inputs
-before outputs, then every other word in struct order) and the C source of
-their parameter list and struct rebuild (``flat_defines``, passed to NVRTC
-as ``-D`` options when a flat entry is compiled; kernels/flat.cuh and
-kernels/qknorm_flat.cuh use them). Tests compare the lists with the C structs.
+field list (:class:`ArgStruct`): ``struct RopeArgs``, ``KvArgs`` and
+``MlaArgs`` (kernels/args.cuh), ``struct QkNormArgs`` (kernels/qknorm.cuh)
+and the scalar parameter lists of ``qknorm_dw_kernel`` and
+``kv_angle_table_kernel``; and the flat entries' generated parameter lists
+(:func:`flat_defines`). Tests compare the lists with the C structs.
 """
 from __future__ import annotations
 
@@ -27,7 +20,16 @@ class ArgStruct:
     parameter), True for a list of 8-byte scalar parameters (one per word).
     ``pointers``: the flat entry's pointer roles (``"in_ptr1"``: field
     ``in_ptr``, element 1), inputs before outputs; ``outputs``: those the
-    kernel writes (empty where the struct has no flat entry)."""
+    kernel writes (empty where the struct has no flat entry).
+
+    From the field list derive: the packed format (every field is one or
+    more 8-byte words: int64 ``"q"`` or float64 ``"d"``), each field's slot
+    in the int64 view, and the flat entry points (one 8-byte kernel
+    parameter per word, for jaxlib's GPU kernel call): their parameter order
+    (pointers first, inputs before outputs, then every other word in struct
+    order) and the C source of their parameter list and struct rebuild
+    (``flat_defines``, passed to NVRTC as ``-D`` options when a flat entry
+    is compiled; kernels/flat.cuh and kernels/qknorm_flat.cuh use them)."""
 
     def __init__(self, c_name, fields, *, spread=False, pointers=(), outputs=()):
         self.c_name, self.fields, self.spread = c_name, tuple(fields), spread

@@ -44,11 +44,11 @@ TUNING_DEFAULTS = {
     "CUPROPE_THREADS": 256, "CUPROPE_WARPS16": 4, "CUPROPE_WARPS32": 8,
     # rows (heads) a lane keeps in flight per step when it loads into registers:
     # one for 16-bit types (fewer registers, more warps resident), two for
-    # float32 (NOTES 3)
+    # float32
     "CUPROPE_ROWS16": 1, "CUPROPE_ROWS32": 2,
     # depth of the shared-memory load ring of the plain shared-angle and
     # cos/sin-table kernels with 16-byte packs: a lane keeps this many heads
-    # minus one of its chunk in flight (NOTES 13)
+    # minus one of its chunk in flight
     "CUPROPE_STAGES16": 3, "CUPROPE_STAGES32": 3,
     # token runs: rows a lane advances between exact cos/sin. kRun - 1
     # compositions add at most ~(kRun - 1) * 1.2e-7: 1.8e-6 for 16 (under 1 %
@@ -57,13 +57,13 @@ TUNING_DEFAULTS = {
     "CUPROPE_RUN16": 16, "CUPROPE_RUN32": 4,
     # depth of the token runs' load ring (16-byte packs): 4 measured 1-3 %
     # faster than 3 for the 16-bit types, and 3 than 4 for the float32
-    # backward (NOTES 22)
+    # backward
     "CUPROPE_RUN_STAGES16": 4, "CUPROPE_RUN_STAGES32": 3,
     # blocks of CUPROPE_THREADS threads that must fit an SM at once (__launch_bounds__).
     # Plain shared-angle kernels (the hot path): 4 caps them at 64 registers
     # with no spills, so 32 warps stay resident; the other instantiations
     # would spill under it. Per-head kernels (plain and elementwise LRPE
-    # forward) with token runs (NOTES 22): float32 at 3 (80 registers, no
+    # forward) with token runs: float32 at 3 (80 registers, no
     # spills) runs ~5 % faster than uncapped, the 16-bit forward runs best
     # uncapped (~100 registers; caps that spill lose); the fused elementwise
     # LRPE backward (which also loads x) gains 3-6 % at 2. The softmax
@@ -88,7 +88,7 @@ TUNING_DEFAULTS = {
     # an SM at once (0: none stated, the compiler's own choice, 80 registers
     # for the bf16 width-8 kernels); the same for its WIDE instantiations (4:
     # 64 registers, 36-52 bytes spilled, 32 warps per SM: the 16k prefill 1.29x
-    # faster, decode 0.2-0.3 us slower, NOTES 44), and the grid's warps per SM
+    # faster, decode 0.2-0.3 us slower), and the grid's warps per SM
     # from which a launch takes them (host only)
     "CUPROPE_KV_MIN_BLOCKS": 0, "CUPROPE_KV_WIDE_MIN_BLOCKS": 4,
     "CUPROPE_KV_WIDE_WARPS_PER_SM": 64,
@@ -96,7 +96,7 @@ TUNING_DEFAULTS = {
     # and the rotated chunks a lane loads before it stores, so each warp
     # keeps that many loads in flight; the blocks of 256 threads that must
     # fit an SM at once (__launch_bounds__; 4: 64 registers, small spills,
-    # faster than 1 from T 256 up, NOTES 44); the warps per SM the host fills
+    # faster than 1 from T 256 up); the warps per SM the host fills
     # before a warp takes more than one row of a token (host only; 48 the
     # best compromise over T 1 .. 16k); CUPROPE_MLA_ROWS_PER_WARP > 0 fixes the
     # rows per warp instead (host only, for sweeps)

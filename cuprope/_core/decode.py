@@ -1,23 +1,11 @@
 """Launches of few tokens (decode steps): the decode rows
 (``kernels/decode.cuh``, ``rope_decode_kernel``) and the angle table they
-read.
-
-A rotation of at most ``MAX_TOKENS`` tokens with shared frequencies, no
-stream map and the widest packs launches the decode rows instead of
-``rope_kernel`` (the core, ``launch.rope_spec``) or ``kv_rope_kernel``
-(``rotary_embedding``, ``cuprope.kvcache.launch.kv_spec``): a thread per
-(token, head, chunk) whose cos/sin come from one row of an fp32 table, so its
-chain is two dependent loads (position, then the row). The core reads the
-config's angle table (``angle_table``), ``rotary_embedding`` the caller's
-cos_sin_cache. The arithmetic is the other kernels', so results are the
-same bits; ``MAX_TOKENS`` 0 turns the path off (tests compare the two).
-
-Memory: the angle table is float32 ``[rows, R]``, ``rows · R · 4`` bytes
-per (config, device), built on the first launch that reads it:
-``RopeConfig.cache_angles(n)`` sets ``rows`` (0: none), else
-``CUPROPE_ANGLE_TABLE_BYTES`` (16 MiB) decides: 32768 positions at R 128,
-65536 at R 64. A token whose position lies past the table computes its
-cos/sin in float64 in the kernel, as the other paths do.
+read (:func:`angle_table`). A rotation of at most ``MAX_TOKENS`` tokens with
+shared frequencies, no stream map and the widest packs launches the decode
+rows instead of ``rope_kernel`` (``launch.rope_spec``) or ``kv_rope_kernel``
+(``rotary_embedding``, ``cuprope.kvcache.launch.kv_spec``), with the same
+arithmetic, so the same bits; ``MAX_TOKENS`` 0 turns the path off (the
+tests compare the two).
 """
 from __future__ import annotations
 
@@ -72,6 +60,10 @@ def geometry(sms, chunks, htot, n_batch, n_seq):
     return (-(-n_seq // tz), gy, n_batch), (cx, hy, tz)
 
 
+# The decode rows: a thread per (token, head, chunk) whose cos/sin come from
+# one row of an fp32 table, so its chain is two dependent loads (position,
+# then the row). The core reads the config's angle table, rotary_embedding
+# the caller's cos_sin_cache.
 def spec(sms, *, dtype, interleaved, vec, src, rope_args, kv, calls, htot, chunks,
          n_batch, n_seq, pdl=False) -> LaunchSpec | None:
     """The decode rows' LaunchSpec (None where the grid cannot hold the
@@ -105,7 +97,14 @@ def angle_table(config, device, stream_ptr=None):
     device had no room for it (a warning says so once; the kernels compute
     the angles instead), or while it is not built and ``stream_ptr`` is
     being captured into a CUDA graph (building it there would be captured
-    too; nothing is kept then)."""
+    too; nothing is kept then).
+
+    Memory: ``rows · R · 4`` bytes per (config, device), built on the first
+    launch that reads it: ``RopeConfig.cache_angles(n)`` sets ``rows`` (0:
+    none), else ``CUPROPE_ANGLE_TABLE_BYTES`` (16 MiB) decides: 32768
+    positions at R 128, 65536 at R 64. A token whose position lies past the
+    table computes its cos/sin in float64 in the kernel, as the other paths
+    do."""
     rows = table_rows(config)
     if not rows:
         return None

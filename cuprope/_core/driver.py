@@ -1,17 +1,7 @@
 """Kernel launches through the CUDA driver by ctypes, for launches that have
-gone through CuPy once (launcher.Plan).
-
-``cuLaunchKernelEx`` takes four arguments: a ``CUlaunchConfig`` (grid,
-block, shared bytes, stream) built once per launch and patched only when the
-stream changes, the function, the parameter array and NULL. Each is a ctypes
-object made once, so a call converts nothing (benchmarks/NOTES.md 36: about
-a third of ``cuLaunchKernel``'s eleven converted arguments). Drivers without
-it (before CUDA 12) get ``cuLaunchKernel`` with its arguments preconverted.
-
-Programmatic dependent launch (``pdl``): the launch carries one
-``CUlaunchAttribute``, CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
-= 1, which only ``cuLaunchKernelEx`` takes: without it (or without a driver
-library) such a bind raises instead of launching without the attribute.
+gone through CuPy once (launcher.Plan): :class:`Driver` binds a kernel, its
+grid and its parameter array into a :class:`Bound` whose arguments are
+converted once, so a launch converts nothing.
 """
 from __future__ import annotations
 
@@ -54,7 +44,22 @@ class Bound:
     """One kernel with its grid and parameter array, its driver call's
     arguments converted once. ``launch(stream)`` is True when the driver
     accepted the launch; with the stream unchanged, ``call(*args)`` is the
-    launch itself (0: accepted), which the hot paths make inline."""
+    launch itself (0: accepted), which the hot paths make inline.
+
+    ``cuLaunchKernelEx`` takes four arguments: a ``CUlaunchConfig`` (grid,
+    block, shared bytes, stream) built once per launch and patched only when
+    the stream changes, the function, the parameter array and NULL. Each is
+    a ctypes object made once, so a call converts nothing: it takes about a
+    third of the host time of a ``cuLaunchKernel`` call that converts its
+    eleven arguments (measured with stubbed driver functions). Drivers
+    without it (before CUDA 12) get
+    ``cuLaunchKernel`` with its arguments preconverted.
+
+    Programmatic dependent launch (``pdl``): the launch carries one
+    ``CUlaunchAttribute``, CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+    = 1, which only ``cuLaunchKernelEx`` takes: without it (or without a
+    driver library) such a bind raises instead of launching without the
+    attribute."""
 
     __slots__ = ("call", "args", "_cfg", "_stream_at", "stream", "_keep")
 

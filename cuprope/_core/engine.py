@@ -1,14 +1,11 @@
-"""The engine under the public API: a validated call runs on the NumPy
-backend (host arrays) or becomes a launch plan on the GPU.
-
-``rope_call`` is the core RoPE entry (``cuprope.rope.api`` calls it); the pieces
-after it (outputs, tensor plans, streams, ``run_plan``) are shared with the
+"""The engine under the public API: a validated call runs on the NumPy backend
+(host arrays) or becomes a launch plan on the GPU. :func:`rope_call` is the
+core RoPE entry (``cuprope.rope.api`` calls it); the pieces after it
+(outputs, tensor plans, streams, :func:`run_plan`) are shared with the
 dialects that launch the same kernel family (``cuprope.tables``,
-``cuprope.lrpe``). Each states its launch as a LaunchSpec
-(``cuprope._core.launch.rope_spec``) and runs it through the one launcher
-(``cuprope._core.launcher``): plans are cached on their owner
-(``RopeConfig._launches``, or a table source's) by call signature; a
-repeated call takes ``cuprope._core.fastpath`` instead.
+``cuprope.lrpe``). Plans are cached on their owner (``RopeConfig._launches``,
+or a table source's) by call signature; a repeated call takes
+``cuprope._core.fastpath`` instead.
 """
 from __future__ import annotations
 

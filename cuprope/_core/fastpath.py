@@ -1,42 +1,11 @@
-"""The fast paths: a repeated call skips validation and planning.
-
-A call made only of torch CUDA tensors, or only of CuPy arrays, whose
-arrays' (dtype, shape, strides, device, 16-byte alignment) and settings were
-seen before on this thread reuses the launch the general path built and
-validated for them (a launcher.Plan): per call it reads the pointers and
-calls the same ``Plan.run`` as the general path, which writes them into the
-packed arguments and launches through the driver (cuprope/_core/driver.py).
-Anything unusual (a stream= argument, check=True, another current device,
-pointers whose byte ranges may overlap in a way not validated before) takes
-the general path, which validates and raises as usual.
-
-One implementation serves every entry point with a fast path: the core
-(``cuprope.rope.api``, ``cuprope.tables``), the fused KV-cache append
-(``cuprope.kvcache``), the cos/sin-cache call (``cuprope.cos_sin_cache``),
-the fused QK-norm forward and backward (``cuprope.qknorm``; the
-backward's entry replays its kernel and the weight gradients' reductions),
-the decode prologue (``cuprope.prologue``) and DeepSeek MLA's append
-(``cuprope.mla``).
-The entries live in the owner's ``cuprope.config.LaunchCache.fast``:
-
-* ``ticket(fw, header, arrays, pairs)``: the cache key (``header`` + each
-  array's signature, None for an absent one) and the arrays' pointers;
-* ``remember(fast, ticket, spans, plan)``: after a validated general-path
-  launch, registers ``plan`` (a launcher.Plan, or anything with its
-  ``device`` and ``align``, such as the QK-norm backward's launches) under
-  the key;
-* ``lookup(fast, key, ptrs, current_device)``: the plan, or None;
-* ``registered(fast, ticket)``: the plan a validated general-path call
-  reuses (any current device), or None;
-* ``fast_call(fast, fw, header, arrays)``: ``plan.run(stream, *ptrs)`` of the
-  registered plan (its per-call words index the arrays' pointers).
-
-Overlap: ``pairs`` lists the (i, j) array pairs the general path checks for
-overlap. For each, the byte ranges intersect only when ptrs[j] - ptrs[i]
-lies in a window that the arrays' spans fix (the key fixes the spans); a
-call whose differences fall in windows uses only a launch registered with
-exactly those differences (same overlap verdict, same "is the output this
-input" decisions), so e.g. q and k slices of one fused qkv tensor stay fast.
+"""The fast paths: a repeated call skips validation and planning. A call made
+only of torch CUDA tensors, or only of CuPy arrays, whose arrays' (dtype,
+shape, strides, device, 16-byte alignment) and settings were seen before on
+this thread replays the launcher.Plan the general path built and validated
+for them (``Plan.run`` with the new pointers). Anything unusual (stream=,
+check=True, another current device, an overlap not validated before) takes
+the general path. Every op with a fast path uses this one implementation; the
+entries live in the owner's ``cuprope.config.LaunchCache.fast``.
 """
 from __future__ import annotations
 
@@ -96,7 +65,15 @@ class Entry:
     windows of ptrs[j] - ptrs[i] where arrays i and j may overlap;
     ``variants`` maps the differences inside their windows (None outside) to
     a launch; ``variant(ptrs)`` gives those differences (a function compiled
-    from the guards' integers: one expression per guard, no loop)."""
+    from the guards' integers: one expression per guard, no loop).
+
+    The guards come from ``pairs``, the (i, j) array pairs the general path
+    checks for overlap. For each, the byte ranges intersect only when
+    ptrs[j] - ptrs[i] lies in a window that the arrays' spans fix (the key
+    fixes the spans); a call whose differences fall in windows uses only a
+    launch registered with exactly those differences (same overlap verdict,
+    same "is the output this input" decisions), so e.g. q and k slices of
+    one fused qkv tensor stay fast."""
 
     __slots__ = ("guards", "variants", "variant")
 
@@ -299,7 +276,8 @@ def _torch_adapter():
             return torch.cuda.current_stream(device).cuda_stream
     # torch.empty_like: what the general path allocates (requires_grad=False).
     # The current device is the runtime's (cudaGetDevice), which the driver
-    # launch runs on: torch's may be a lazily set target (NOTES 36).
+    # launch runs on: torch's may be a lazily set target device that is not
+    # yet current.
     return (torch_collector(), torch.Tensor.data_ptr, torch.empty_like, stream,
             cupy.cuda.runtime.getDevice)
 

@@ -1,20 +1,8 @@
 """How cuprope's JAX primitives partition under ``jax.sharding``: each shard
-runs the call on its own device with its local shapes.
-
-``Partitioned(bind, rule, local)`` wraps a primitive's bind in
-``custom_partitioning``; the public adapters (``cuprope.jax``,
-``cuprope.qknorm.jax``) hand in their primitive's bind and a ``rule`` that
-names a factor per dim of every operand and result (einsum-like). The batch
-dim and the head dims of q and k may be sharded (GQA: q's and k's heads each
-on their own); every factor a call reads across is in the rule's ``keep`` and
-replicated first: the sequence (implicit positions are the sequence index),
-the head dim, position streams, a cos/sin table's R, weights, and the heads
-where the call mixes them (a per-head frequency table, a norm over the whole
-token). A result that sums over sharded factors (a weight gradient) is a
-per-shard partial: ``local`` gets, per such result, the mesh axes to reduce
-it over. The rule is stated as an einsum-like sharding rule for Shardy and as
-``infer_sharding_from_operands`` for GSPMD; ``partition`` lowers the
-primitive on the local shards.
+runs the call on its own device with its local shapes. :class:`Partitioned`
+wraps a primitive's bind in ``custom_partitioning``; the adapters
+(``cuprope.jax``, ``cuprope.qknorm.jax``) hand it their bind and a sharding
+rule (:class:`Rule`; ``rope_rule`` is the rotation family's).
 """
 from __future__ import annotations
 
@@ -131,7 +119,20 @@ class Partitioned:
     """``bind(call, *operands)`` (a tuple of results) partitioned by
     ``rule(call, operand shapes) -> Rule``. ``local(call, sums, *operands)``
     runs one shard where the rule has sums (``sums``: {result index: mesh
-    axes it reduces over}, possibly empty); by default ``bind``."""
+    axes it reduces over}, possibly empty); by default ``bind``.
+
+    The rule names a factor per dim of every operand and result
+    (einsum-like). The batch dim and the head dims of q and k may be sharded
+    (GQA: q's and k's heads each on their own); every factor a call reads
+    across is in the rule's ``keep`` and replicated first: the sequence
+    (implicit positions are the sequence index), the head dim, position
+    streams, a cos/sin table's R, weights, and the heads where the call
+    mixes them (a per-head frequency table, a norm over the whole token). A
+    result that sums over sharded factors (a weight gradient) is a per-shard
+    partial: ``local`` gets, per such result, the mesh axes to reduce it
+    over. The rule is stated as an einsum-like sharding rule for Shardy and
+    as ``infer_sharding_from_operands`` for GSPMD; ``partition`` lowers the
+    primitive on the local shards."""
 
     def __init__(self, bind, rule, local=None):
         self.bind, self.rule = bind, rule

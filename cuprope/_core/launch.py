@@ -43,10 +43,10 @@ RUN_STAGES = {2: tuning("CUPROPE_RUN_STAGES16"), 4: tuning("CUPROPE_RUN_STAGES32
 TOKEN_RUNS = tuning("CUPROPE_TOKEN_RUNS")
 TOKEN_TILE = tuning("CUPROPE_TOKEN_TILE")  # a fixed tile (0: chosen per shape)
 # The most warp steps (32 // min(chunks, 32) heads each) one warp takes per
-# token, by angle source; 0 = no cap. Measured on an H200 (benchmarks/NOTES.md
-# 16, 18): short warps fill the GPU evenly to the end of the launch, but each
-# warp pays the cos/sin (or table) prologue, so 1 step loses and 3 wins for the
-# computed angles; the table source re-reads its tables per warp and wants 5.
+# token, by angle source; 0 = no cap. Measured on an H200: short warps fill
+# the GPU evenly to the end of the launch, but each warp pays the cos/sin (or
+# table) prologue, so 1 step loses and 3 wins for the computed angles; the
+# table source re-reads its tables per warp and wants 5.
 # The shared source's prologue grows with R and with a stream map (MRoPE), and
 # its cap with it (steps_cap).
 MAX_STEPS = {SRC_SHARED: tuning("CUPROPE_MAX_STEPS"), SRC_PER_HEAD: tuning("CUPROPE_MAX_STEPS"),

@@ -1,25 +1,10 @@
-"""The one launcher: every op states its launch as data (``LaunchSpec``), and
-this module
-
-* plans it on a device (``plan``: the kernel from the loader's catalogue,
-  its packed arguments in one buffer, the driver call prepared),
-* caches it (``cached_plan``, in its owner's ``cuprope.config.LaunchCache``:
-  typed caches of plans by call signature and of fast-path entries by array
-  signature),
-* runs it eagerly through the CUDA driver on the caller's stream
-  (``Plan.run(stream, *values)``: the per-call words written, the launch made),
-* replays it from the fast paths (``cuprope._core.fastpath`` keeps Plans and
-  calls the same ``Plan.run``),
-* and lowers it under ``jax.jit`` as a kernel call (``flat_call``: the flat
-  entry and its parameters; ``cuprope._core.xla.emit`` emits it),
-
-all from the same spec, so eager, fast and jit calls launch the same kernel
-body with the same grid, shared memory and argument words.
-
-A spec's ``params`` are (ArgStruct, packed bytes) per kernel parameter group:
-a struct passed by value (one parameter) or a spread list of 8-byte scalars
-(one parameter each; ``cuprope._core.args``). Its ``calls`` name the words
-written per call: (buffer slot, index into the call's values, addend).
+"""The one launcher: every op states its launch as data (:class:`LaunchSpec`),
+and this module plans it on a device (:func:`plan`), caches it
+(:func:`cached_plan`, in the owner's ``cuprope.config.LaunchCache``), runs it
+through the CUDA driver on the caller's stream (``Plan.run``, which the fast
+paths replay too) and lowers it under ``jax.jit`` (:func:`flat_call`), all
+from the same spec: eager, fast and jit calls launch the same kernel body
+with the same grid, shared memory and argument words.
 """
 from __future__ import annotations
 
@@ -44,7 +29,11 @@ class LaunchSpec:
     byte alignment the fast paths check new outputs against) and ``pdl``
     (a programmatic dependent launch: the kernel may start before the
     stream's previous kernel ends, and waits for it where it reads what that
-    kernel may have written; ``enable_pdl`` of the decode ops)."""
+    kernel may have written; ``enable_pdl`` of the decode ops).
+
+    A ``params`` group is a struct passed by value (one kernel parameter) or
+    a spread list of 8-byte scalars (one parameter each;
+    ``cuprope._core.args``)."""
 
     __slots__ = ("kernel", "family", "grid", "block", "smem", "params", "calls", "flat", "pre",
                  "vec", "align", "pdl")

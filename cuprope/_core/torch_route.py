@@ -1,16 +1,8 @@
 """Where a core call on torch tensors goes when ``torch_guard.engaged`` says
-it cannot run as is:
-
-* grad mode on and a tensor argument requires grad: the op's differentiable
-  adapter (the result requires grad), or a TypeError naming what to use;
-* grad mode on and a write (``inplace=True``, ``out=``) into a leaf that
-  requires grad, or a view of one: RuntimeError, as torch's in-place ops;
-* ``torch.compile`` tracing: the adapter's custom op, else a graph break.
-
-``call`` decides for every front end; each op's torch module builds its
-arguments (``route_*`` in ``cuprope.rope.torch``, ``cuprope.qknorm.torch``,
-``cuprope.kvcache.torch``). Front ends with no adapter use ``no_adapter``,
-``untraceable`` and ``inference_op``.
+it cannot run as is: :func:`call` decides for every front end (each op's
+torch module builds its arguments: ``route_*`` in ``cuprope.rope.torch``,
+``cuprope.qknorm.torch``, ``cuprope.kvcache.torch``); front ends with no
+adapter use :func:`no_adapter`, :func:`untraceable` and :func:`inference_op`.
 """
 from __future__ import annotations
 
@@ -47,7 +39,16 @@ def call(name, tensors, targets, target_kind, core, adapter, instead, stream=Non
     "out", "inplace" or None; core(): the core call as is; adapter(): the
     same computation through ``cuprope.torch`` (autograd eagerly, the custom
     op under torch.compile) as new tensors, a tensor or a tuple, or None where
-    none exists; instead: what the TypeError tells the user to call."""
+    none exists; instead: what the TypeError tells the user to call.
+
+    * grad mode on and a tensor argument requires grad: the op's
+      differentiable adapter (the result requires grad), or a TypeError
+      naming what to use;
+    * grad mode on and a write (``inplace=True``, ``out=``) into a leaf that
+      requires grad, or a view of one: RuntimeError, as torch's in-place
+      ops;
+    * ``torch.compile`` tracing: the adapter's custom op, else a graph
+      break."""
     tracing = torch.compiler.is_compiling()
     grad = torch.is_grad_enabled() and (any(requires_grad(t) for t in tensors)
                                         or any(requires_grad(t) for t in targets))

@@ -1,17 +1,9 @@
 """The CUDA lowering of ``cuprope.jax``: one cuprope launch as jaxlib's GPU
-kernel call.
-
-jaxlib registers ``triton_kernel_call`` with XLA: a custom call whose opaque
-data names a PTX entry, its grid, block (warps), shared memory and flat
-parameters, each either an XLA buffer (taken in buffer order: operands, then
-results) or a scalar. cuprope's kernels take one ``RopeArgs`` struct, which no
-flat parameter list can carry, so each instantiation also has a flat entry
-(``kernels/flat.cuh``, its parameters generated from the field list:
-``args.ROPE_ARGS``): the struct's ten pointers first, in XLA's buffer order,
-then its other 35 words in struct order. The launch is the same LaunchSpec
-the eager path plans (``launch.rope_spec``), turned into the flat call by
-``launcher.flat_call``: every word is fixed here, at lowering time, from
-the avals and the static call; the pointers come from XLA when the program runs.
+kernel call (:func:`lower_cuda`, through :func:`kernel_call`). The launch is
+the same LaunchSpec the eager path plans (``launch.rope_spec``), turned into
+a flat call by ``launcher.flat_call``: every word is fixed at lowering time
+from the avals and the static call; the pointers come from XLA when the
+program runs.
 """
 from __future__ import annotations
 
@@ -172,6 +164,14 @@ def constant_operand(table):
     return mlir.ir_constant(np.frombuffer(table.tobytes(), dtype=np.uint32)), [0]
 
 
+# jaxlib registers triton_kernel_call with XLA: a custom call whose opaque data
+# names a PTX entry, its grid, block (warps), shared memory and flat
+# parameters, each either an XLA buffer (taken in buffer order: operands, then
+# results) or a scalar. cuprope's kernels take one RopeArgs struct, which no
+# flat parameter list can carry, so each instantiation also has a flat entry
+# (kernels/flat.cuh, its parameters generated from the field list:
+# args.ROPE_ARGS): the struct's ten pointers first, in XLA's buffer order, then
+# its other 35 words in struct order.
 def kernel_call(name, *, grid, warps, smem, params, operands, operand_layouts, result_avals,
                 operand_output_aliases=None):
     """The results of one ``triton_kernel_call`` custom call launching the
