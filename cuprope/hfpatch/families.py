@@ -1,23 +1,7 @@
-"""The attention modules of Hugging Face transformers that ``patch_hf`` knows.
-
-One :class:`Attention` per attention class: where transformers defines it,
-the module-level function its ``forward`` calls to rotate q and k, and, where
-the family norms q and k, that norm's class and its rounding in the fused op
-(``cuprope.qknorm``'s model modes, read off the norm's ``forward``):
-
-* ``cast_then_weight``: ``weight * (x · rsqrt)`` with the product rounded to
-  the dtype first (Qwen3RMSNorm, Qwen3MoeRMSNorm);
-* ``weight_then_cast``: ``(x · rsqrt) * (offset + weight)`` in fp32, rounded
-  once (Gemma3RMSNorm and the Qwen3-Next / Qwen3.5 norms with offset 1,
-  Olmo2RMSNorm over the whole projection, Llama4TextL2Norm without a weight).
-
-Two families rotate in fp32 whatever the model's dtype, rounding once to it:
-OLMo 2 (fp32 cos/sin) and Llama 4 (fp32 complex ``freqs_cis``, its L2 norm
-after the rotation). HF's tables cannot reach the fused op there (it takes
-tables in q's dtype, before the norm), so their rotary embedding (``rotary``)
-hands on the positions instead, and cuprope rotates by exact angles and rounds
-once: Llama 4 always, OLMo 2 where the model is not fp32 (an fp32 OLMo 2 keeps
-its tables). Facts from transformers 5.24.
+"""The attention modules of Hugging Face transformers that ``patch_hf`` knows:
+:data:`ATTENTIONS`, one :class:`Attention` per attention class (its rotation
+function, q/k norm and rounding), and the supported families. Facts from
+transformers 5.24.
 """
 from __future__ import annotations
 
@@ -28,6 +12,27 @@ __all__ = ["Attention", "ATTENTIONS", "SUPPORTED", "attention_of", "family_names
 
 @dataclass(frozen=True)
 class Attention:
+    """One attention class: where transformers defines it, the module-level
+    function its ``forward`` calls to rotate q and k, and, where the family
+    norms q and k, that norm's class and its rounding in the fused op
+    (``cuprope.qknorm``'s model modes, read off the norm's ``forward``):
+
+    * ``cast_then_weight``: ``weight * (x · rsqrt)`` with the product
+      rounded to the dtype first (Qwen3RMSNorm, Qwen3MoeRMSNorm);
+    * ``weight_then_cast``: ``(x · rsqrt) * (offset + weight)`` in fp32,
+      rounded once (Gemma3RMSNorm and the Qwen3-Next / Qwen3.5 norms with
+      offset 1, Olmo2RMSNorm over the whole projection, Llama4TextL2Norm
+      without a weight).
+
+    Two families rotate in fp32 whatever the model's dtype, rounding once to
+    it: OLMo 2 (fp32 cos/sin) and Llama 4 (fp32 complex ``freqs_cis``, its L2
+    norm after the rotation). HF's tables cannot reach the fused op there (it
+    takes tables in q's dtype, before the norm), so their rotary embedding
+    (``rotary``) hands on the positions instead, and cuprope rotates by exact
+    angles and rounds once: Llama 4 always, OLMo 2 where the model is not
+    fp32 (an fp32 OLMo 2 keeps its tables).
+    """
+
     family: str                  # model_type of the text model
     package: str                 # transformers.models.<package>.modeling_<package>
     cls: str                     # the attention class

@@ -1,25 +1,9 @@
-"""The functions a patched model calls in place of transformers' own.
-
-Each is built for one module and has the signature of the function it
-replaces (``apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1)``, Llama 4's
+"""The functions a patched model calls in place of transformers' own, each
+built for one module with the signature of the function it replaces
+(``apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1)``, Llama 4's
 ``apply_rotary_emb(xq, xk, freqs_cis)``, a rotary embedding's
-``forward(x, position_ids)``):
-
-* :func:`rope_only`: ``cuprope.torch.apply_rotary_pos_emb`` (HF's tables,
-  HF's roundings: bit for bit);
-* :func:`norm_rope`: the layer's q_norm and k_norm (identities while
-  patched) and the rotation as one ``cuprope.torch.rope_qk_norm`` call in the
-  norm's rounding mode, by HF's tables or, where the rotary embedding hands
-  on positions (OLMo 2 below fp32), by exact angles;
-* :func:`llama4_rope`: Llama 4's rotation by exact angles and its L2
-  ``qk_norm`` after it, one call;
-* :func:`rotary_positions`: the forward of a rotary embedding that hands on
-  the positions instead of cos/sin or freqs_cis.
-
-Where the fused call does not apply (tables or weights in another dtype than
-q, as under autocast with fp32 weights; tables that require grad; another
-rotated width), each runs transformers' own norm and rotation instead, so
-the result is HF's.
+``forward(x, position_ids)``). Where the fused call does not apply, each runs
+transformers' own norm and rotation instead, so the result is HF's.
 """
 from __future__ import annotations
 
@@ -55,7 +39,8 @@ def eps_of(norm) -> float:
 
 
 def rotary_positions(hf_rotary, always):
-    """The forward of a patched rotary embedding: the positions (``always``:
+    """The forward of a patched rotary embedding, which hands on the positions
+    instead of cos/sin or freqs_cis: the positions (``always``:
     in place of freqs_cis), or a (positions, positions) pair in place of
     (cos, sin) where ``x`` is not fp32; transformers' own (``hf_rotary``)
     for fp32."""
@@ -92,7 +77,11 @@ def _positions(pos, b):
 
 
 def rope_only(hf_apply, rotary_dim):
-    """``apply_rotary_pos_emb`` for a family without a q/k norm."""
+    """``apply_rotary_pos_emb`` for a family without a q/k norm:
+    ``cuprope.torch.apply_rotary_pos_emb`` (HF's tables, HF's roundings: bit
+    for bit), or ``hf_apply`` where the tables do not fit (tables in another
+    dtype than q, tables that require grad, another rotated width than
+    ``rotary_dim``)."""
     def apply_rotary_pos_emb_cuprope(q, k, cos, sin, unsqueeze_dim=1):
         if _tables_fit(q, k, cos, sin, unsqueeze_dim, rotary_dim):
             # partial rotary (Phi-3's partial_rotary_factor): the first R dims turn
@@ -115,7 +104,14 @@ def norm_rope(qn, kn, spec, hf_apply, rotary_dim, exact=None, hf_rotary=None):
     """``apply_rotary_pos_emb`` for a family that norms q and k first with the
     modules ``qn`` and ``kn`` (identities while patched). ``exact``: the
     layer's RopeConfig (layout bhsd) for positions handed on in place of cos
-    and sin; ``hf_rotary(x, position_ids)``: transformers' (cos, sin) then."""
+    and sin; ``hf_rotary(x, position_ids)``: transformers' (cos, sin) then.
+
+    The norms and the rotation run as one ``cuprope.torch.rope_qk_norm``
+    call in the norm's rounding mode, by HF's tables or, where the rotary
+    embedding hands on positions (OLMo 2 below fp32), by exact angles. Where
+    the fused call does not apply (tables or weights in another dtype than
+    q, as under autocast with fp32 weights; tables that require grad;
+    another rotated width), transformers' own norm and ``hf_apply`` run."""
     cfg = table_config(rotary_dim)
     kw = dict(eps=eps_of(qn), weight_offset=spec.offset, norm_over=spec.over,
               rounding=spec.rounding)
@@ -142,8 +138,8 @@ def llama4_rope(norm, hf_apply, hf_rotary, config):
     arrives as the positions (the patched rotary embedding's doing); rotation
     by ``config`` (exact angles, rounded once as HF rounds its fp32 complex
     product once), then the layer's L2 ``qk_norm`` (``norm``; None: the layer
-    has none). ``hf_rotary(x, position_ids)``: transformers' freqs_cis, for
-    the fallback."""
+    has none), one call. ``hf_rotary(x, position_ids)``: transformers'
+    freqs_cis, for the fallback (transformers' own rotation and norm)."""
     def apply_rotary_emb_cuprope(xq, xk, freqs_cis):
         pos = freqs_cis
         if _is_positions(pos) and _pair_fits(xq, xk) and pos.device == xq.device:

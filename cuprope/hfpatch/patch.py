@@ -1,20 +1,6 @@
-"""``patch_hf`` / ``unpatch_hf``: cuprope's ops inside a transformers model.
-
-How: every attention module of a known class (:mod:`.families`) gets, on the
-instance, a copy of its class's ``forward`` (and of the decorators around it)
-whose global name for the rotation (``apply_rotary_pos_emb``, Llama 4's
-``apply_rotary_emb``) resolves to a function of :mod:`.ops` built for that
-module; transformers' code runs otherwise unchanged. Where the family norms q
-and k, the norm modules' ``forward`` becomes the identity on the instance
-(their weights stay where they are: the fused call reads them). The rotary
-embedding of Llama 4 (always) and OLMo 2 (below fp32) hands on the positions
-instead of its fp32 freqs_cis / cos and sin (:mod:`.families` says why).
-Nothing is changed at class level, other models are untouched, and
-``unpatch_hf`` deletes the instance attributes again. Each patched forward's
-namespace is a copy of its modelling module's, taken when patching (so
-changes made to that module later do not reach it), registered in
-``sys.modules`` for torch.compile until the layer is unpatched or collected.
-A copy of a patched model (``copy.deepcopy``, pickle) is transformers' own.
+"""``patch_hf`` / ``unpatch_hf``: cuprope's ops inside a transformers model,
+patched per module instance (nothing at class level, other models untouched)
+and undone by deleting the instance attributes again.
 """
 from __future__ import annotations
 
@@ -243,6 +229,33 @@ def patch_hf(model):
     (``copy.deepcopy``, pickle) is transformers' own: patch it again. A model
     (or class) without any attention cuprope knows: ValueError naming the
     supported families, nothing changed. ``unpatch_hf`` undoes it.
+
+    Parameters
+    ----------
+    model : torch.nn.Module or type
+        A loaded transformers model, or a ``PreTrainedModel`` subclass (a
+        TypeError otherwise).
+
+    Returns
+    -------
+    The same ``model``, patched.
+
+    Notes
+    -----
+    How: every attention module of a known class (:mod:`.families`) gets, on
+    the instance, a copy of its class's ``forward`` (and of the decorators
+    around it) whose global name for the rotation (``apply_rotary_pos_emb``,
+    Llama 4's ``apply_rotary_emb``) resolves to a function of :mod:`.ops`
+    built for that module; transformers' code runs otherwise unchanged. Where
+    the family norms q and k, the norm modules' ``forward`` becomes the
+    identity on the instance (their weights stay where they are: the fused
+    call reads them). The rotary embedding of Llama 4 (always) and OLMo 2
+    (below fp32) hands on the positions instead of its fp32 freqs_cis / cos
+    and sin (:class:`.families.Attention` says why). Each patched forward's
+    namespace is a copy of its modelling module's, taken when patching (so
+    changes made to that module later do not reach it), registered in
+    ``sys.modules`` for torch.compile until the layer is unpatched or
+    collected.
     """
     if isinstance(model, type):
         return _patch_class(model)
