@@ -36,7 +36,7 @@ def activation(x, act: str, dim=None) -> np.ndarray:
 
 
 def rotate(x, theta2, offset: int = 0, *, inverse: bool = False) -> np.ndarray:
-    """The seed's rotation in float64 over canonical ``[B, N, H, D]``.
+    """LRPE's rotation in float64 over canonical ``[B, N, H, D]``.
 
     theta2: ``[1 or H, E]`` (normalize_theta). Pair i = (x[i], x[i + D/2]) with
     i < E rotates by (t + offset)·θ[h, i]: (x1 cos − x2 sin, x1 sin + x2 cos);
