@@ -22,7 +22,9 @@ __all__ = [
 
 
 def default_inv_freq(rotary_dim: int, base: float = 10000.0) -> np.ndarray:
-    """θ_i = base^(−2i/R) for i = 0 … R/2 − 1, float64 ``[R/2]``."""
+    """θ_i = base^(−2i/R) for i = 0 … R/2 − 1, float64 ``[R/2]``: the
+    default table of ``rotary_dim`` R (positive, even) and frequency base
+    ``base``."""
     if rotary_dim <= 0 or rotary_dim % 2:
         raise ValueError(f"rotary_dim must be a positive even integer, got {rotary_dim}")
     i = np.arange(rotary_dim // 2, dtype=np.float64)

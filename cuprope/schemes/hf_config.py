@@ -298,7 +298,7 @@ def hf_table(config, *, head_dim: int | None = None, seq_len: int | None = None,
              max_position_embeddings: int | None = None):
     """(inv_freq float64 ``[dim/2]``, attention scale) of an HF config for a
     sequence length ``seq_len`` (used by dynamic and longrope only), or None
-    for a layer without RoPE."""
+    for a layer without RoPE. The parameters are :func:`rope_config_from_hf`'s."""
     p = hf_rope_parameters(config, layer_type=layer_type, layer_idx=layer_idx, head_dim=head_dim,
                            max_position_embeddings=max_position_embeddings)
     return None if p is None else _table_from_params(p, seq_len)
