@@ -33,11 +33,11 @@ struct alignas(sizeof(T) * N) Pack {
 
 // A pack's elements as fp32 and back, for the instruction-bound LRPE
 // kernels. The 16-bit types go two elements per 32-bit word: bf16 widens by
-// a shift or a mask (element by element the compiler first extracted each
-// half, two instructions per element), and both narrow two elements per
-// instruction (element by element, pairs that land in different packs were
+// a shift or a mask (element by element the compiler extracts each half
+// first, two instructions per element), and both narrow two elements per
+// instruction (element by element, pairs that land in different packs are
 // narrowed together and split apart again). The memory-bound rotate_chunk
-// keeps the element-wise form: there it measured 0.5-1 % slower (NOTES 24).
+// keeps the element-wise form: there the packed one measured 0.5-1 % slower.
 template <typename T> constexpr bool kIsHalf = false;
 template <> constexpr bool kIsHalf<__half> = true;
 template <typename T, int N>
@@ -129,7 +129,7 @@ __device__ __forceinline__ void cp_async_wait() {
 // sin, 0.87 ulp for cos) and the quadrant k mod 4 finish it. Against a fp32
 // sincosf after a float64 reduction mod 2*pi this skips sincosf's own
 // second reduction and its never-taken slow path (registers the compiler
-// had to keep for it), and the error drops from ~2e-7 to ~7e-8 at any
+// must keep for it), and the error drops from ~2e-7 to ~7e-8 at any
 // position below 2^31 (|angle| * 2/pi must stay below 2^51).
 __device__ __forceinline__ float2 exact_cos_sin(long long pos, double inv_freq) {
   const double kMagic = 6755399441055744.0;  // 1.5 * 2^52
@@ -226,7 +226,7 @@ __device__ __forceinline__ float2 pair_cos_sin(const RopeArgs& a, unsigned b, un
 // Where the warp's shared cos/sin slice keeps pair j: column-major over
 // groups of G pairs (G: the consecutive pairs a pack holds), so when the
 // lanes of a row read pair v of their chunks in one instruction they read
-// consecutive slots (no bank conflicts; a row-major slice had 4-way conflicts
+// consecutive slots (no bank conflicts; a row-major slice has 4-way conflicts
 // at D 128 and 8-way at D 256). Slot j % G * (npairs / G) + j / G.
 template <bool INTERLEAVED, int VEC>
 constexpr int kCsGroup = (INTERLEAVED && VEC > 1) ? VEC / 2 : VEC;  // G

@@ -1,6 +1,6 @@
 // Decode rows: the rotation of a launch of few tokens (decode steps), where
 // one thread's chain of dependent instructions is the launch's time
-// (benchmarks/NOTES.md 19, 27, 45). The core's rope_qk_forward and
+// (measured on an H200). The core's rope_qk_forward and
 // rotary_embedding take it (cuprope/_core/decode.py); its arithmetic is
 // theirs (rotate_chunk, scaled_cos_sin), so the results are the same bits.
 //

@@ -26,7 +26,7 @@
 // lane + 32, ..., every load of a step issued before its first store. The
 // pass-through loop holds one pack per item, not a chunk's two and its
 // cos/sin, so it keeps more loads in flight for its registers (the kernel is
-// held to kMlaMinBlocks blocks per SM: NOTES 44).
+// held to kMlaMinBlocks blocks per SM).
 #pragma once
 
 #include "kvcache.cuh"

@@ -25,11 +25,11 @@
 // so a thread's loads are 16 bytes wide where alignment allows, and SRC, the
 // angle source (shared table, per-head table, cos/sin tables).
 //
-// The LRPE dialect (cuprope/lrpe/api.py, seed 000) reuses the same kernel: two
+// The LRPE dialect (cuprope/lrpe/api.py) reuses the same kernel: two
 // more template parameters, ACT (an activation applied to x before the
 // rotation) and BWD (the fused backward through rotation and activation, with
 // x read beside dO). Their defaults, ACT = kActNone and BWD = false, compile
-// every LRPE hook away, so the plain RoPE instantiations are unchanged.
+// every LRPE hook away, so the plain RoPE instantiations carry none of them.
 //
 // Here: where pairs sit, the rotations of a chunk, the warp's work, its three
 // paths (staged_rows, token_runs, register_rows) and rope_kernel, which picks
@@ -618,8 +618,7 @@ __device__ __forceinline__ void softmax_rows(const RopeArgs& a, const Warp& w) {
 //                a warp owns one head of tok_tile consecutive tokens instead
 //                ("token runs", token_runs), so cos/sin advance by composition along
 //                the tokens rather than by a sincos per row, and with
-//                16-byte packs the rows load through a ring of their own
-//                (NOTES.md 21-22).
+//                16-byte packs the rows load through a ring of their own.
 //   kSrcTable:   cos and sin read from the caller's tables (HF layout), once
 //                per (token, chunk), and applied as PyTorch evaluates HF's
 //                formula (rotate_table).
@@ -629,8 +628,7 @@ __device__ __forceinline__ void softmax_rows(const RopeArgs& a, const Warp& w) {
 // (cp.async), kStages - 1 heads ahead, the first ones issued before the
 // cos/sin are computed, and cos/sin (or the table packs) are re-read from
 // shared memory per head (staged_rows); otherwise the lane loads kRows heads
-// into registers (register_rows; benchmarks/NOTES.md 13-17 for what each
-// choice measured).
+// into registers (register_rows).
 //
 // ACT, BWD (LRPE, half split, one tensor, R = D): the activation is applied to
 // x before the rotation (BWD: dx = act'(x) * R^T dO with x read from aux_ptr).
