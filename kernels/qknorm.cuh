@@ -567,7 +567,7 @@ __device__ __forceinline__ void block_dw_row(const QkNormArgs& a, const float* r
 // [step * rpw, step * rpw + rpw) of q then k; a lane keeps the raw packs of
 // its row of the next unit in registers while it works on the current one,
 // so a unit's loads are in flight during the previous unit's reduction and
-// stores, and a token's first loads during its cos/sin (NOTES 33).
+// stores, and a token's first loads during its cos/sin.
 template <typename T, int VEC, bool BWD>
 struct RowPacks {
   Pack<T, VEC> x[2], g[2];  // x (the saved input, backward); g: dy (backward)

@@ -1,12 +1,8 @@
 """How the fused QK-norm + RoPE kernels (kernels/qknorm.cuh) are launched:
-the launch geometry, the struct's fields, and the LaunchSpecs of the kernel
-and of the weight-gradient reduction, which the one launcher
-(``cuprope._core.launcher``) plans and runs eagerly (``cuprope.qknorm``),
-replays from the fast path, and lowers under ``jax.jit``
-(``cuprope.qknorm.jax``: the flat entries of kernels/qknorm_flat.cuh, every
-word fixed at trace time from the avals). The functions take a validated
-call (``cuprope.qknorm.QkNormCall``) and the infos of the kernel's inputs
-and outputs (arrays, or avals seen as row-major arrays).
+geometry, struct fields and LaunchSpecs of the kernel and of the weight
+gradients' reduction, for the eager launcher, the fast path and the JAX
+lowering alike (their inputs: a validated ``QkNormCall`` and array infos or
+avals).
 """
 from __future__ import annotations
 
@@ -160,7 +156,7 @@ def step_groups(call, ins, npairs, vec, tokens, cap) -> int:
     warps (decode), the steps are split into contiguous groups, each a
     warp's (every group non-empty), so the load latencies overlap; up to an
     eighth of the grid's warps (every warp also forms its token's cos/sin:
-    past that the split measured slower in the prologue, NOTES 42).
+    past that the split measured slower in the prologue on an H200).
     Forward only (the backward kernel keeps one warp per token)."""
     heads = sum(canon_sizes(i.shape, call.layout)[2] for i in ins)
     return _groups(-(-heads // (32 // (npairs // vec))), tokens, cap)
