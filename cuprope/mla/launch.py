@@ -11,7 +11,9 @@ from __future__ import annotations
 from .._core import launcher
 from .._core.args import KV_ARGS, MLA_ARGS, ROPE_ARGS
 from .._core.launch import sm_count
-from .._core.loader import MLA_FAMILY, lrpe_vec_widths, mla_kernel_name, tuning
+from .._core.loader import tuning
+from .._core.rope_kernels import lrpe_vec_widths
+from .kernels import FAMILY as MLA_FAMILY, mla_kernel_name
 
 THREADS = 256  # kernels' kThreads: 8 warps a block
 WARPS = THREADS // 32
