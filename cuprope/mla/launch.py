@@ -1,7 +1,7 @@
 """The launch of DeepSeek MLA's fused call (``kernels/mla.cuh``) as a
-launcher.LaunchSpec: kernel ``mla_rope_kernel`` of the loader's ``mla``
-family, one warp per (token, group of rows) of 256-thread blocks, the warp's
-cos/sin slice in dynamic shared memory, and three argument structs:
+launcher.LaunchSpec: kernel ``mla_rope_kernel`` of its ``mla`` family
+(``mla/kernels.py``), one warp per (token, group of rows) of 256-thread
+blocks, the warp's cos/sin slice in dynamic shared memory, and three argument structs:
 RopeArgs (q_pe as tensor 0 with its output, k_pe as tensor 1, positions,
 frequencies), KvArgs (ckv as ``v``, the k_pe and ckv cache rows, the
 addressing, the fp8 scales) and MlaArgs (q_nope and its output, the widths).
