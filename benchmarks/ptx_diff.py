@@ -5,9 +5,8 @@ on the CPU):
     PYTHONPATH=. python benchmarks/ptx_diff.py [--rev c1caac3] [--arch compute_90]
                                                [--family shared ...]
 
-Both trees compile every name of ``loader.all_kernel_names()`` and
-``loader.kv_kernel_names()`` (the working tree's lists; the KV-cache dialect
-from its own translation unit) with the working tree's options (``loader.compile_options()``:
+Both trees compile every registered family's names (the working tree's
+lists, ``loader.family_names``, each family from its own translation unit) with the working tree's options (``loader.compile_options()``:
 its tuning defines, which the headers of older revisions also accepted, as
 overrides of their own defaults) and CuPy's standard flags; the revision's
 ``kernels/`` come from ``git show REV:kernels/FILE``. Each ``.entry`` body is
@@ -32,7 +31,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from cuprope._core import loader  # noqa: E402
+import cuprope  # noqa: E402,F401  (registers every op's kernels)
+from cuprope._core import kernels, loader  # noqa: E402
 
 STANDARD_FLAGS = ("--std=c++17", "-ftz=true")  # what CuPy adds (tests/test_kernel_compile.py)
 
@@ -61,14 +61,12 @@ def _ok(result):
 
 
 def family_names(family: str) -> list[str]:
-    """The instantiations of a rope family or of a KV-cache family."""
-    if family in loader.KV_FAMILIES:
-        return loader.kv_kernel_names(family)
-    return loader.all_kernel_names(family)
+    """The instantiations of a registered kernel family."""
+    return loader.family_names(family)[0]
 
 
 def compile_ptx(folder: str, names: list[str], arch: str,
-                entry: str = loader.ENTRY) -> dict[str, str]:
+                entry: str) -> dict[str, str]:
     """PTX entry bodies of ``names`` compiled from ``folder``'s ``entry``, by name."""
     from cuda import pathfinder
     nv = nvrtc()
@@ -145,8 +143,8 @@ _UNPARSED = re.compile(r'Input name expression was: "\s*(.*?)\s*"')
 
 def _job(args):
     folder, family, arch = args
-    entry = loader.KV_ENTRY if family in loader.KV_FAMILIES else loader.ENTRY
-    names = [n for n in family_names(family) if defined_in(folder, n)]
+    names, entry = loader.family_names(family)
+    names = [n for n in names if defined_in(folder, n)]
     try:
         return compile_ptx(folder, names, arch, entry) if names else {}
     except RuntimeError as e:  # an instantiation the revision's template cannot form
@@ -162,11 +160,11 @@ def main(argv=None) -> int:
     ap.add_argument("--rev", default="c1caac3", help="git revision to compare against")
     ap.add_argument("--arch", default="compute_90")
     ap.add_argument("--context", type=int, default=3, help="diff lines shown per difference (x10)")
-    ap.add_argument("--family", action="append", choices=loader.FAMILIES + loader.KV_FAMILIES,
+    ap.add_argument("--family", action="append", choices=kernels.families(),
                     help="compare only this family (repeatable; default: all)")
     args = ap.parse_args(argv)
     tree = str(loader.kernel_dir())
-    families = args.family or loader.FAMILIES + loader.KV_FAMILIES
+    families = args.family or kernels.families()
     with tempfile.TemporaryDirectory() as tmp:
         old = str(revision_kernels(args.rev, Path(tmp)))
         # one job per (tree, family): independent compiles, two at a time or more

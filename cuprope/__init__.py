@@ -17,6 +17,14 @@ from . import schemes as scaling
 from .kvcache import cos_sin_cache
 from .rope import ggml, positions, tables
 
+# Every op's kernel record (translation unit, families, name expressions),
+# registered before anything compiles or lists the kernels.
+from ._core import rope_kernels as _rope_kernels  # noqa: E402,F401
+from .kvcache import kernels as _kvcache_kernels  # noqa: E402,F401
+from .mla import kernels as _mla_kernels  # noqa: E402,F401
+from .prologue import kernels as _prologue_kernels  # noqa: E402,F401
+from .qknorm import kernels as _qknorm_kernels  # noqa: E402,F401
+
 __version__ = "0.1.0"
 
 __all__ = [

@@ -9,6 +9,7 @@ import pytest
 
 import cuprope
 from cuprope._core import args, decode, launch, loader
+from cuprope._core import rope_kernels
 
 HQ, HK, D = 32, 8, 128
 
@@ -47,7 +48,7 @@ def test_few_tokens_take_the_decode_rows_with_the_general_words(dtype, b, s):
     table = Table()
     spec = _spec(b, s, dtype=dtype, angles=table)
     general = _spec(b, s, dtype=dtype)
-    assert spec.kernel == loader.decode_kernel_name(dtype, False, loader.KV_ANGLES)
+    assert spec.kernel == rope_kernels.decode_kernel_name(dtype, False, loader.KV_ANGLES)
     assert spec.family == "decode" and spec.smem == 0 and table.asked == 1
     assert spec.params[0] == general.params[0]
     kv = dict(zip([f for f, _, _ in args.KV_ARGS.fields],
@@ -161,15 +162,15 @@ def test_rotary_embedding_of_few_tokens_takes_the_decode_rows(monkeypatch):
         return kl.kv_spec(0, dtype="bfloat16", interleaved=False, vec=8, src=src, fp8=0, rope=r,
                           kv=kv)
     for src in (loader.KV_COS_SIN_F32, loader.KV_COS_SIN_T):
-        assert spec(src).kernel == loader.decode_kernel_name("bfloat16", False, src)
+        assert spec(src).kernel == rope_kernels.decode_kernel_name("bfloat16", False, src)
     assert "kv_rope_kernel" in spec(rope=dict(n_seq=decode.MAX_TOKENS + 1)).kernel
     assert "kv_rope_kernel" in spec(cs_st=130).kernel
     assert "kv_rope_kernel" in spec(loader.KV_ANGLES, k_cache=64, v_ptr=64).kernel
 
 
 def test_decode_kernel_names():
-    assert loader.decode_kernel_name("float16", True, loader.KV_COS_SIN_T) == \
+    assert rope_kernels.decode_kernel_name("float16", True, loader.KV_COS_SIN_T) == \
         "cuprope::rope_decode_kernel<__half, true, 8, 2>"
     with pytest.raises(ValueError, match="no rope_decode_kernel"):
-        loader.decode_kernel_name("float32", False, loader.KV_COS_SIN_T)
-    assert loader.kv_kernel_names("decode")[0] == loader.KV_ANGLE_TABLE_KERNEL
+        rope_kernels.decode_kernel_name("float32", False, loader.KV_COS_SIN_T)
+    assert loader.family_names(rope_kernels.DECODE_FAMILY)[0][0] == rope_kernels.KV_ANGLE_TABLE_KERNEL

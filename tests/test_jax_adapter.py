@@ -419,6 +419,7 @@ def test_qk_norm_gpu_lowering_plan_built_on_the_cpu(case, backward, dtype, fast)
     a buffer for every pointer the call reads or writes (inputs before
     outputs) and 0 for the rest, and one reduction per weight."""
     from cuprope._core import loader
+    from cuprope.qknorm import kernels as qknorm_kernels
     from cuprope.qknorm import launch as ql
     from cuprope.qknorm.jax import launch_plan, qknorm_p
     rng = np.random.default_rng(14)
@@ -457,7 +458,7 @@ def test_qk_norm_gpu_lowering_plan_built_on_the_cpu(case, backward, dtype, fast)
                                                       stream_map_ptr=0, part_ptr=0)), np.int64)
     words = [int(packed[i]) for i in st.flat_words]
     main = plan[0]
-    assert main.name == geo.flat_name == loader.qknorm_flat_kernel_name(dtype, cfg.interleaved,
+    assert main.name == geo.flat_name == qknorm_kernels.qknorm_flat_kernel_name(dtype, cfg.interleaved,
                                                                         geo.vec, backward)
     assert main.grid == (geo.blocks, 1, 1) and main.warps == 8 and main.smem == geo.smem
     assert geo.blocks == -(-min(c.b * c.s * geo.step_groups, (8 if fast else 4) * 8 * 132) // 8)
@@ -487,7 +488,7 @@ def test_qk_norm_gpu_lowering_plan_built_on_the_cpu(case, backward, dtype, fast)
     col0 = 0
     for launch, name in zip(dws, ("q_weight", "k_weight")):
         w = arrays[name]
-        assert launch.name == loader.QKNORM_DW_KERNEL and launch.operands == (("part",),)
+        assert launch.name == qknorm_kernels.QKNORM_DW_KERNEL and launch.operands == (("part",),)
         assert launch.grid == (-(-w.shape[0] // 32), 1, 1) and launch.warps == 8
         assert [p[:2] for p in launch.params] == [
             ("array", 0), ("scalar", geo.part_rows), ("scalar", geo.part_cols),

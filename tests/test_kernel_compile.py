@@ -6,6 +6,11 @@ import pytest
 
 from cuprope._core import args as _args
 from cuprope._core import loader as _loader
+from cuprope._core import rope_kernels
+from cuprope.kvcache import kernels as kv_kernels
+from cuprope.mla import kernels as mla_kernels
+from cuprope.prologue import kernels as prologue_kernels
+from cuprope.qknorm import kernels as qknorm_kernels
 
 nvrtc = pytest.importorskip("cuda.bindings.nvrtc", reason="cuda-bindings (test extra) not installed")
 pathfinder = pytest.importorskip("cuda.pathfinder", reason="cuda-pathfinder (test extra) not installed")
@@ -17,7 +22,7 @@ def _check(result):
     return result[1:] if len(result) > 2 else (result[1] if len(result) == 2 else None)
 
 
-def _build(arch: str, names, options, entry=_loader.ENTRY):
+def _build(arch: str, names, options, entry=rope_kernels.ENTRY):
     """(NVRTC result, log, program) of the kernel family compiled with ``options``."""
     src = _loader.kernel_sources()[entry].encode()
     prog = _check(nvrtc.nvrtcCreateProgram(src, entry.encode(), 0, [], []))
@@ -35,7 +40,7 @@ def _build(arch: str, names, options, entry=_loader.ENTRY):
     return rc, log.decode(errors="replace"), prog
 
 
-def _compile(arch: str, names, entry=_loader.ENTRY):
+def _compile(arch: str, names, entry=rope_kernels.ENTRY):
     """Compile the kernel family with the package's options and the flat
     entries' generated parameter lists."""
     rc, log, prog = _build(arch, names, _loader.compile_options() + _args.flat_defines(), entry)
@@ -51,7 +56,7 @@ def _compile(arch: str, names, entry=_loader.ENTRY):
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90", "compute_80"])
 def test_every_instantiation_compiles(arch):
-    names = _loader.all_kernel_names()
+    names = _loader.all_kernel_names(entry=rope_kernels.ENTRY)
     # RoPE: 3 dtypes x 2 pairings x vector widths (4 for 16-bit, 3 for fp32) x 3 angle
     # sources (shared, per-head, cos/sin table) = 66;
     # LRPE: 5 activation families x 3 dtypes x 2 widths x per-head x fwd/bwd = 120,
@@ -75,11 +80,11 @@ def test_every_kvcache_instantiation_compiles(arch):
     (3 x 2 reading the angle table, as many a float32 cos_sin_cache, 2 x 2 one
     in the 16-bit element type: 16) and the angle table's builder
     (RopeConfig.cache_angles)."""
-    names = _loader.kv_kernel_names()
+    names = _loader.all_kernel_names(entry=kv_kernels.ENTRY)
     assert len(names) == 48 + 20 + 24 + 16 + 1
-    assert sorted(sum((_loader.kv_kernel_names(f) for f in _loader.KV_FAMILIES), [])) == \
+    assert sorted(kv_kernels.kv_kernel_names() + rope_kernels.decode_kernel_names()) == \
         sorted(names)
-    lowered, nbytes, log = _compile(arch, names, _loader.KV_ENTRY)
+    lowered, nbytes, log = _compile(arch, names, kv_kernels.ENTRY)
     assert all(lowered.values()) and len(set(lowered.values())) == len(names)
     assert nbytes > 10_000
     assert "warning" not in log.lower(), log
@@ -87,8 +92,8 @@ def test_every_kvcache_instantiation_compiles(arch):
 
 def test_a_missing_kv_code_stops_the_compile():
     opts = [o for o in _loader.compile_options() if not o.startswith("-DCUPROPE_KV_FP8_Q=")]
-    rc, log, prog = _build("sm_90", [_loader.kv_kernel_name("float32", False, 4)], opts,
-                           _loader.KV_ENTRY)
+    rc, log, prog = _build("sm_90", [kv_kernels.kv_kernel_name("float32", False, 4)], opts,
+                           kv_kernels.ENTRY)
     nvrtc.nvrtcDestroyProgram(prog)
     assert rc != nvrtc.nvrtcResult.NVRTC_SUCCESS
     assert "CUPROPE_KV_* codes are defined by cuprope/_core/loader.py" in log
@@ -175,7 +180,7 @@ def test_a_missing_constant_stops_the_compile():
     """The headers keep no defaults: without loader.py's -D options the
     compile stops at constants.cuh's #error."""
     opts = [o for o in _loader.compile_options() if not o.startswith("-DCUPROPE_STAGES16=")]
-    rc, log, prog = _build("sm_90", [_loader.kernel_name("float32", False, 4)], opts)
+    rc, log, prog = _build("sm_90", [rope_kernels.kernel_name("float32", False, 4)], opts)
     nvrtc.nvrtcDestroyProgram(prog)
     assert rc != nvrtc.nvrtcResult.NVRTC_SUCCESS
     assert "defined by cuprope/_core/loader.py" in log
@@ -192,7 +197,7 @@ def test_a_tuning_value_the_kernels_cannot_take_stops_the_compile(bad, says):
     here through a -D option, as CUPROPE_KERNEL_DEFINES would set it)."""
     name = bad.partition("=")[0]
     opts = [o for o in _loader.compile_options() if not o.startswith(f"-D{name}=")] + [f"-D{bad}"]
-    rc, log, prog = _build("sm_90", [_loader.QKNORM_DW_KERNEL], opts)
+    rc, log, prog = _build("sm_90", [qknorm_kernels.QKNORM_DW_KERNEL], opts)
     nvrtc.nvrtcDestroyProgram(prog)
     assert rc != nvrtc.nvrtcResult.NVRTC_SUCCESS
     assert says in log, log
@@ -264,10 +269,10 @@ def test_flat_entries_compile():
     """The flat entry points (kernels/flat.cuh) that cuprope.jax launches: one
     per angle source, dtype and pairing at the widest vector, and the LRPE
     dialect's fused backward."""
-    names = [_loader.flat_kernel_name(dt, il, _loader.vec_widths(dt)[0], src)
+    names = [rope_kernels.flat_kernel_name(dt, il, _loader.vec_widths(dt)[0], src)
              for dt in _loader.DTYPE_CTYPES for il in (False, True)
              for src in (_loader.SRC_SHARED, _loader.SRC_PER_HEAD, _loader.SRC_TABLE)]
-    names.append(_loader.flat_kernel_name("bfloat16", False, 8, _loader.SRC_PER_HEAD,
+    names.append(rope_kernels.flat_kernel_name("bfloat16", False, 8, _loader.SRC_PER_HEAD,
                                           _loader.LRPE_ACTS["silu"], True))
     lowered, nbytes, log = _compile("sm_90", names)
     assert all(lowered.values()) and len(set(lowered.values())) == len(names)
@@ -278,7 +283,7 @@ def test_lrpe_seq_stats_flat_entries_compile():
     """The flat entries of LRPE's sequence-softmax statistics pass (its
     one-dimensional-block form for jaxlib's kernel call): every dtype, forward
     and backward, compile without warnings or spills."""
-    names = [_loader.seq_stats_kernel_name(dt, bwd).replace(
+    names = [rope_kernels.seq_stats_kernel_name(dt, bwd).replace(
         "lrpe_seq_stats_kernel<", "lrpe_seq_stats_flat_kernel<")
         for dt in _loader.DTYPE_CTYPES for bwd in (False, True)]
     lowered, _, log = _compile("sm_90", names)
@@ -287,7 +292,7 @@ def test_lrpe_seq_stats_flat_entries_compile():
     assert all(st == ld == 0 for _, st, ld in _resources("sm_90", names).values())
 
 
-def _resources(arch, names, entry=_loader.ENTRY):
+def _resources(arch, names, entry=rope_kernels.ENTRY):
     """{name expression: (registers, spill store bytes, spill load bytes)} from
     ptxas's verbose report in NVRTC's log."""
     import re
@@ -322,14 +327,14 @@ def test_qknorm_flat_entries_compile_without_new_spills():
     for dt in _loader.DTYPE_CTYPES:
         for il in (False, True):
             for bwd in (False, True):
-                pairs[_loader.qknorm_flat_kernel_name(dt, il, 0, bwd)] = \
-                    _loader.qknorm_kernel_name(dt, il, bwd)
+                pairs[qknorm_kernels.qknorm_flat_kernel_name(dt, il, 0, bwd)] = \
+                    qknorm_kernels.qknorm_kernel_name(dt, il, bwd)
                 for model in (False, True):
-                    pairs[_loader.qknorm_flat_kernel_name(dt, il, _loader.vec_widths(dt)[0],
+                    pairs[qknorm_kernels.qknorm_flat_kernel_name(dt, il, _loader.vec_widths(dt)[0],
                                                           bwd, model)] = \
-                        _loader.qknorm_rows_kernel_name(dt, il, bwd, model)
+                        qknorm_kernels.qknorm_rows_kernel_name(dt, il, bwd, model)
     assert len(pairs) == 36
-    res = _resources("sm_90", list(pairs) + list(pairs.values()) + [_loader.QKNORM_DW_KERNEL])
+    res = _resources("sm_90", list(pairs) + list(pairs.values()) + [qknorm_kernels.QKNORM_DW_KERNEL])
     # Expected: the 16-bit fast path at its register bounds (80 forward, 3 blocks
     # of 256 threads per SM; 128 backward, 2) spills where the by-value kernel,
     # which reads the fields as constant operands, spills less (the flat entry
@@ -345,12 +350,12 @@ def test_qknorm_flat_entries_compile_without_new_spills():
     expected = {}
     for dt in ("float16", "bfloat16"):
         for model in (False, True):
-            expected[_loader.qknorm_flat_kernel_name(dt, False, 8, False, model)] = (64, 128)
-            expected[_loader.qknorm_flat_kernel_name(dt, True, 8, False, model)] = (128, 192)
-        expected[_loader.qknorm_flat_kernel_name(dt, True, 8, True)] = (128, 256)
-        expected[_loader.qknorm_flat_kernel_name(dt, True, 8, True, True)] = (64, 64)
+            expected[qknorm_kernels.qknorm_flat_kernel_name(dt, False, 8, False, model)] = (64, 128)
+            expected[qknorm_kernels.qknorm_flat_kernel_name(dt, True, 8, False, model)] = (128, 192)
+        expected[qknorm_kernels.qknorm_flat_kernel_name(dt, True, 8, True)] = (128, 256)
+        expected[qknorm_kernels.qknorm_flat_kernel_name(dt, True, 8, True, True)] = (64, 64)
     for il in (False, True):  # the device's NVRTC: 24/32 interleaved, none here
-        expected[_loader.qknorm_flat_kernel_name("float32", il, 4, False, True)] = (64, 64)
+        expected[qknorm_kernels.qknorm_flat_kernel_name("float32", il, 4, False, True)] = (64, 64)
     for flat, by_value in pairs.items():
         regs, st, ld = res[flat]
         allowed = expected.get(flat, res[by_value][1:])
@@ -363,7 +368,7 @@ def test_qknorm_flat_entries_compile_without_new_spills():
             assert regs <= 65536 // (threads * blocks), (flat, regs)
         else:  # the general body, uncapped: no spill at all
             assert (st, ld) == (0, 0), (flat, res[flat])
-    assert res[_loader.QKNORM_DW_KERNEL][1:] == (0, 0)
+    assert res[qknorm_kernels.QKNORM_DW_KERNEL][1:] == (0, 0)
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
@@ -373,10 +378,10 @@ def test_every_mla_instantiation_compiles(arch):
     dialect's angle-table builder, which kvcache.cuh defines). Held to 64
     registers (CUPROPE_MLA_MIN_BLOCKS 4), at most the 16 16-bit width-8 ones
     spill, and little (NOTES 44: more resident warps beat the spill)."""
-    names = _loader.mla_kernel_names()
+    names = mla_kernels.mla_kernel_names()
     assert len(names) == 48 and len(set(names)) == 48
     rc, log, prog = _build(arch, names, _loader.compile_options() + ("-Xptxas=-v",),
-                           _loader.MLA_ENTRY)
+                           mla_kernels.ENTRY)
     nvrtc.nvrtcDestroyProgram(prog)
     assert rc == nvrtc.nvrtcResult.NVRTC_SUCCESS, log
     assert "warning" not in log.lower(), log
@@ -409,15 +414,15 @@ def _decode_op_kernels():
     nothing."""
     bf16 = "bfloat16"
     return [
-        (_loader.KV_ENTRY, [_loader.decode_kernel_name(bf16, False),
-                            _loader.decode_kernel_name(bf16, True, _loader.KV_COS_SIN_F32),
-                            _loader.kv_kernel_name(bf16, False, 8, _loader.KV_ANGLES, 3),
-                            _loader.kv_kernel_name(bf16, True, 8, _loader.KV_COS_SIN_F32)]),
-        (_loader.ENTRY, [_loader.kernel_name(bf16, False, 8),
-                         _loader.kernel_name("float32", True, 4, _loader.SRC_PER_HEAD)]),
-        (_loader.PROLOGUE_ENTRY, [_loader.prologue_kernel_name(bf16, False, 8, 3),
-                                  _loader.prologue_kernel_name(bf16, False, 0)]),
-        (_loader.MLA_ENTRY, [_loader.mla_kernel_name(bf16, True, 8, 3)]),
+        (kv_kernels.ENTRY, [rope_kernels.decode_kernel_name(bf16, False),
+                            rope_kernels.decode_kernel_name(bf16, True, _loader.KV_COS_SIN_F32),
+                            kv_kernels.kv_kernel_name(bf16, False, 8, _loader.KV_ANGLES, 3),
+                            kv_kernels.kv_kernel_name(bf16, True, 8, _loader.KV_COS_SIN_F32)]),
+        (rope_kernels.ENTRY, [rope_kernels.kernel_name(bf16, False, 8),
+                         rope_kernels.kernel_name("float32", True, 4, _loader.SRC_PER_HEAD)]),
+        (prologue_kernels.ENTRY, [prologue_kernels.prologue_kernel_name(bf16, False, 8, 3),
+                                  prologue_kernels.prologue_kernel_name(bf16, False, 0)]),
+        (mla_kernels.ENTRY, [mla_kernels.mla_kernel_name(bf16, True, 8, 3)]),
     ]
 
 
@@ -439,17 +444,17 @@ def test_decode_op_kernels_wait_for_the_previous_grid_from_sm_90(arch):
             assert min(waits) < min(launches), name
             first_store = body.find("st.global")
             assert first_store < 0 or min(waits) < first_store, name
-    qk = [_loader.qknorm_rows_kernel_name("bfloat16", False, False),
-          _loader.qknorm_kernel_name("bfloat16", False, False)]
-    assert not any("griddepcontrol" in b for b in _ptx_bodies(arch, qk, _loader.ENTRY).values())
+    qk = [qknorm_kernels.qknorm_rows_kernel_name("bfloat16", False, False),
+          qknorm_kernels.qknorm_kernel_name("bfloat16", False, False)]
+    assert not any("griddepcontrol" in b for b in _ptx_bodies(arch, qk, rope_kernels.ENTRY).values())
 
 
 def test_decode_rows_load_the_position_before_the_wait():
     """The decode rows (and the KV dialect's kernel) load what no earlier
     kernel writes (the position; slots) before griddepcontrol.wait, so those
     loads overlap the previous kernel; q and k come after it."""
-    names = [_loader.decode_kernel_name("bfloat16", False),
-             _loader.kv_kernel_name("bfloat16", False, 8, _loader.KV_ANGLES, 3)]
-    for name, body in _ptx_bodies("compute_90", names, _loader.KV_ENTRY).items():
+    names = [rope_kernels.decode_kernel_name("bfloat16", False),
+             kv_kernels.kv_kernel_name("bfloat16", False, 8, _loader.KV_ANGLES, 3)]
+    for name, body in _ptx_bodies("compute_90", names, kv_kernels.ENTRY).items():
         wait = body.find("griddepcontrol.wait")
         assert wait > 0 and "ld.global" in body[:wait], name

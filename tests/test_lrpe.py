@@ -9,6 +9,7 @@ import pytest
 
 from cuprope import lrpe, reference
 from cuprope._core import loader as _loader
+from cuprope._core import rope_kernels
 
 B, N, H, D = 2, 5, 3, 8
 P = D // 2
@@ -431,18 +432,18 @@ def test_non_arrays_are_rejected():
 # --------------------------------------------------------------------------- kernels (no GPU needed)
 
 def test_plain_kernel_names_are_short_and_lrpe_families_are_separate():
-    assert _loader.kernel_name("bfloat16", False, 8, _loader.SRC_PER_HEAD) == \
+    assert rope_kernels.kernel_name("bfloat16", False, 8, _loader.SRC_PER_HEAD) == \
         "cuprope::rope_kernel<__nv_bfloat16, false, 8, 1>"
-    assert _loader.kernel_name("float32", True, 4, _loader.SRC_TABLE) == \
+    assert rope_kernels.kernel_name("float32", True, 4, _loader.SRC_TABLE) == \
         "cuprope::rope_kernel<float, true, 4, 2>"
-    assert _loader.kernel_name("float32", False, 4, _loader.SRC_SHARED, 4, True) == \
+    assert rope_kernels.kernel_name("float32", False, 4, _loader.SRC_SHARED, 4, True) == \
         "cuprope::rope_kernel<float, false, 4, 0, 4, true>"
     with pytest.raises(ValueError, match="angle source"):
-        _loader.kernel_name("float32", False, 4, 3)
+        rope_kernels.kernel_name("float32", False, 4, 3)
     for fam, src in (("shared", 0), ("per_head", 1), ("table", 2)):
         names = _loader.all_kernel_names(fam)
         assert len(names) == 22 and all(n.endswith(f", {src}>") for n in names)
-    lrpe_fams = [f for f in _loader.FAMILIES if f.startswith("lrpe_")]
+    lrpe_fams = [f for f in rope_kernels.FAMILIES if f.startswith("lrpe_")]
     assert len(lrpe_fams) == 5
     for fam in lrpe_fams:
         names = _loader.all_kernel_names(fam)
@@ -451,7 +452,7 @@ def test_plain_kernel_names_are_short_and_lrpe_families_are_separate():
         assert all(", false, " in n or "lrpe_seq_stats" in n for n in names)  # half split only
 
 
-@pytest.mark.parametrize("family", [f for f in _loader.FAMILIES if f.startswith("lrpe_")])
+@pytest.mark.parametrize("family", [f for f in rope_kernels.FAMILIES if f.startswith("lrpe_")])
 def test_every_lrpe_family_compiles_with_nvrtc(family):
     """Each LRPE family is its own module at run time; compile it alone for sm_90."""
     nvrtc = pytest.importorskip("cuda.bindings.nvrtc", reason="cuda-bindings not installed")

@@ -9,6 +9,7 @@ import cuprope
 from cuprope.kvcache import reference as kref
 from cuprope import reference
 from cuprope._core import args, loader
+from cuprope.mla import kernels as mla_kernels
 from cuprope.mla import rope_append_mla
 from cuprope.mla.reference import expected_cache_rows, mla_reference, rotate_pe
 from hf_configs import CONFIGS as HF
@@ -85,9 +86,9 @@ def test_training_side_views_forward_backward_cpu():
 
 
 def test_kernel_catalogue_and_args():
-    names = loader.mla_kernel_names()
+    names = mla_kernels.mla_kernel_names()
     assert len(names) == 48
-    assert loader.mla_kernel_name("bfloat16", True, 8, 3) in names
+    assert mla_kernels.mla_kernel_name("bfloat16", True, 8, 3) in names
     assert args.MLA_ARGS.n_words == 8
     from test_launch import c_struct_fields
     assert tuple(c_struct_fields(struct_name="MlaArgs")) == args.MLA_ARGS.fields

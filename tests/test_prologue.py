@@ -185,12 +185,13 @@ def test_every_prologue_instantiation_compiles_without_spills():
     combinations = 48, for sm_90, with ptxas reporting no spills."""
     tkc = pytest.importorskip("test_kernel_compile")
     from cuprope._core import loader
-    names = loader.prologue_kernel_names()
+    from cuprope.prologue import kernels as prologue_kernels
+    names = prologue_kernels.prologue_kernel_names()
     assert len(names) == 48
-    assert sorted(n for f in loader.PROLOGUE_FAMILIES
-                  for n in loader.prologue_kernel_names(f)) == sorted(names)
+    assert sorted(n for f in prologue_kernels.FAMILIES
+                  for n in prologue_kernels.prologue_kernel_names(f)) == sorted(names)
     rc, log, prog = tkc._build("sm_90", names, loader.compile_options() + (
-        "--ptxas-options=-v",), loader.PROLOGUE_ENTRY)
+        "--ptxas-options=-v",), prologue_kernels.ENTRY)
     tkc.nvrtc.nvrtcDestroyProgram(prog)
     assert rc == tkc.nvrtc.nvrtcResult.NVRTC_SUCCESS, log
     spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)

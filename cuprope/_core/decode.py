@@ -14,10 +14,10 @@ import warnings
 from . import driver
 from .args import KV_ARGS, TABLE_ARGS, ROPE_ARGS
 from .launcher import LaunchSpec, plan
-from .loader import (ITEMSIZE, KV_ANGLE_TABLE_KERNEL, KV_COS_SIN_T, KV_FAMILIES,
-                     decode_kernel_name, tuning, vec_widths)
+from .loader import ITEMSIZE, KV_COS_SIN_T, tuning, vec_widths
+from .rope_kernels import DECODE_FAMILY, KV_ANGLE_TABLE_KERNEL, decode_kernel_name
 
-FAMILY = KV_FAMILIES[3]
+FAMILY = DECODE_FAMILY
 # Read per launch plan (tests and benchmarks set them): the most tokens a
 # launch may have to take the decode rows, and the most tokens (warps, at
 # 32 threads a token's head group) per block.

@@ -10,8 +10,9 @@ from . import decode
 from .args import ROPE_ARGS
 from .launcher import LaunchSpec
 from .loader import (ITEMSIZE, KV_ANGLES, LRPE_ACTS, SEQ_SLICES, SRC_PER_HEAD, SRC_SHARED,
-                     SRC_TABLE, family_of, flat_kernel_name, kernel_name, lrpe_vec_widths,
-                     seq_stats_kernel_name, tuning, vec_widths)
+                     SRC_TABLE, tuning, vec_widths)
+from .rope_kernels import (family_of, flat_kernel_name, kernel_name, lrpe_vec_widths,
+                           seq_stats_kernel_name)
 
 SMEM_LIMIT = 48 * 1024  # per block, the most a launch gets without opting in
 

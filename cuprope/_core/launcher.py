@@ -18,8 +18,8 @@ from .loader import MODULES
 
 
 class LaunchSpec:
-    """One launch as data: ``kernel`` (a name expression of ``family`` in the
-    loader's catalogue), ``grid``, ``block``, ``smem`` (dynamic shared bytes),
+    """One launch as data: ``kernel`` (a name expression of ``family``, as its
+    kernel record lists it), ``grid``, ``block``, ``smem`` (dynamic shared bytes),
     ``params`` ((ArgStruct, bytes) per parameter group, in order), ``calls``
     ((buffer slot, value index, addend) per word written per call), ``flat``
     (the name expression of the kernel's flat entry for the jit lowering;

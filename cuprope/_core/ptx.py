@@ -14,7 +14,7 @@ import os
 import threading
 from pathlib import Path
 
-from . import args, loader
+from . import args, loader, rope_kernels
 
 _LOCK = threading.Lock()
 _MEMORY: dict = {}
@@ -71,8 +71,8 @@ def compile_ptx(name: str, arch: int) -> tuple[str, str]:
             lowered, _, ptx = text.partition("\n")
             _MEMORY[key] = (ptx, lowered)
             return ptx, lowered
-        src = loader.kernel_sources()[loader.ENTRY]
-        prog = nvrtc.createProgram(src, loader.ENTRY, [], [])
+        src = loader.kernel_sources()[rope_kernels.ENTRY]
+        prog = nvrtc.createProgram(src, rope_kernels.ENTRY, [], [])
         try:
             nvrtc.addNameExpression(prog, name)
             try:

@@ -7,8 +7,9 @@ from __future__ import annotations
 from .._core import decode, launcher
 from .._core.args import KV_ARGS, ROPE_ARGS
 from .._core.launch import MAX_STEPS, grid_for, sm_count
-from .._core.loader import (ITEMSIZE, KV_ANGLES, SRC_SHARED, kv_family_of, kv_kernel_name,
-                            lrpe_vec_widths, tuning)
+from .._core.loader import ITEMSIZE, KV_ANGLES, SRC_SHARED, tuning
+from .._core.rope_kernels import lrpe_vec_widths
+from .kernels import kv_family_of, kv_kernel_name
 
 
 def pick_kv_vec(dtype, arrays, npairs, tail) -> int:

@@ -1,7 +1,7 @@
 """The launch of DeepSeek MLA's fused call (``kernels/mla.cuh``) as a
-launcher.LaunchSpec: kernel ``mla_rope_kernel`` of the loader's ``mla``
-family, one warp per (token, group of rows) of 256-thread blocks, the warp's
-cos/sin slice in dynamic shared memory, and three argument structs:
+launcher.LaunchSpec: kernel ``mla_rope_kernel`` of its ``mla`` family
+(``mla/kernels.py``), one warp per (token, group of rows) of 256-thread
+blocks, the warp's cos/sin slice in dynamic shared memory, and three argument structs:
 RopeArgs (q_pe as tensor 0 with its output, k_pe as tensor 1, positions,
 frequencies), KvArgs (ckv as ``v``, the k_pe and ckv cache rows, the
 addressing, the fp8 scales) and MlaArgs (q_nope and its output, the widths).
@@ -11,7 +11,9 @@ from __future__ import annotations
 from .._core import launcher
 from .._core.args import KV_ARGS, MLA_ARGS, ROPE_ARGS
 from .._core.launch import sm_count
-from .._core.loader import MLA_FAMILY, lrpe_vec_widths, mla_kernel_name, tuning
+from .._core.loader import tuning
+from .._core.rope_kernels import lrpe_vec_widths
+from .kernels import FAMILY as MLA_FAMILY, mla_kernel_name
 
 THREADS = 256  # kernels' kThreads: 8 warps a block
 WARPS = THREADS // 32

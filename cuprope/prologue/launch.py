@@ -5,7 +5,8 @@ QK-norm blocks followed by the v part's blocks.
 """
 from __future__ import annotations
 
-from .._core import args, loader
+from .._core import args
+from . import kernels
 from ..qknorm import launch as qknorm_launch
 from .._core.args import ArgStruct
 from .._core.launch import sm_count
@@ -54,11 +55,11 @@ def spec(call, qi, qo, ki, device, *, kv, fp8, packs, tokens, inv_freq_ptr,
         fields[name] = [fields[name][0], 0]
     warps = qknorm_launch.WARPS
     v_blocks = max(1, min(-(-tokens // warps), V_WARPS_PER_SM * sms // warps))
-    name = loader.prologue_kernel_name(call.dtype, call.config.interleaved, geo.vec, fp8)
+    name = kernels.prologue_kernel_name(call.dtype, call.config.interleaved, geo.vec, fp8)
     params = [(qknorm_launch.QKNORM_ARGS, qknorm_launch.QKNORM_ARGS.pack(**fields)),
               (args.KV_ARGS, args.KV_ARGS.pack(**kv)),
               (PROLOGUE_ARGS, PROLOGUE_ARGS.pack(norm_blocks=geo.blocks, packs=packs))]
-    return LaunchSpec(name, loader.prologue_family_of(call.dtype, fp8),
+    return LaunchSpec(name, kernels.prologue_family_of(call.dtype, fp8),
                       (geo.blocks + v_blocks, 1, 1), (qknorm_launch.THREADS, 1, 1), geo.smem,
                       params, calls, vec=max(geo.vec, 1), pdl=pdl)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 
 from .._core import args, engine, loader
+from . import kernels
 from .._core.launch import SMEM_LIMIT, TensorPlan, pick_vec
 from .._core.launcher import LaunchSpec
 from .._core.layout import canon_sizes, canon_strides
@@ -58,14 +59,14 @@ class Geometry:
     def kernel_name(self) -> str:
         """The by-value kernel's name expression (the eager path's)."""
         if self.vec:
-            return loader.qknorm_rows_kernel_name(self.dtype, self.interleaved, self.backward,
+            return kernels.qknorm_rows_kernel_name(self.dtype, self.interleaved, self.backward,
                                                   self.model)
-        return loader.qknorm_kernel_name(self.dtype, self.interleaved, self.backward)
+        return kernels.qknorm_kernel_name(self.dtype, self.interleaved, self.backward)
 
     @property
     def flat_name(self) -> str:
         """Its flat entry's name expression (the JAX lowering's)."""
-        return loader.qknorm_flat_kernel_name(self.dtype, self.interleaved, self.vec,
+        return kernels.qknorm_flat_kernel_name(self.dtype, self.interleaved, self.vec,
                                               self.backward, self.model)
 
 
@@ -223,7 +224,7 @@ def spec(call, ins, out_infos, geo, *, inv_freq_ptr, stream_map_ptr, part_ptr) -
     BACKWARD_CALLS' values)."""
     raw = QKNORM_ARGS.pack(**struct_fields(call, ins, out_infos, geo, inv_freq_ptr=inv_freq_ptr,
                                            stream_map_ptr=stream_map_ptr, part_ptr=part_ptr))
-    return LaunchSpec(geo.kernel_name, "qknorm", (geo.blocks, 1, 1), (THREADS, 1, 1), geo.smem,
+    return LaunchSpec(geo.kernel_name, kernels.FAMILY, (geo.blocks, 1, 1), (THREADS, 1, 1), geo.smem,
                       [(QKNORM_ARGS, raw)], BACKWARD_CALLS if geo.backward else FORWARD_CALLS,
                       flat=geo.flat_name, vec=max(geo.vec, 1),
                       align=max(geo.vec, 1) * loader.ITEMSIZE[geo.dtype])
@@ -248,7 +249,7 @@ def dw_specs(call, geo, *, part_ptr=0, out_ptrs=(0, 0), out_dtype=None):
         raw = args.DW_ARGS.pack(part_ptr=part_ptr, rows=geo.part_rows, stride=geo.part_cols,
                                 col0=0 if i == 0 else wlen[0], cols=wlen[i], out_ptr=out_ptrs[i],
                                 out_dtype=W_DTYPE[out_dtype or w.dtype])
-        out.append((i, LaunchSpec(loader.QKNORM_DW_KERNEL, "qknorm", (-(-wlen[i] // 32), 1, 1),
+        out.append((i, LaunchSpec(kernels.QKNORM_DW_KERNEL, kernels.FAMILY, (-(-wlen[i] // 32), 1, 1),
                                   (THREADS, 1, 1), 0, [(args.DW_ARGS, raw)], DW_CALLS)))
     return out
 

@@ -1,0 +1,29 @@
+"""DeepSeek MLA's kernel record: rope + latent-cache append (kernels/mla.cu,
+a translation unit of its own): 3 dtypes x 2 pairings x the widest width
+and 1 x the four fp8 combinations (KV_FP8_Q: q's outputs, KV_FP8_CACHE: the
+cache), one family."""
+from __future__ import annotations
+
+from .._core import kernels
+from .._core.kernels import DTYPE_CTYPES, cbool
+from .._core.rope_kernels import lrpe_vec_widths
+
+ENTRY = "mla.cu"
+FAMILY = "mla"
+
+
+def mla_kernel_name(dtype: str, interleaved: bool, vec: int, fp8: int = 0) -> str:
+    """Name expression of one ``mla_rope_kernel`` instantiation."""
+    if fp8 not in range(4):
+        raise ValueError(f"no mla_rope_kernel for fp8={fp8!r}")
+    return (f"cuprope::mla_rope_kernel<{DTYPE_CTYPES[dtype]}, {cbool(interleaved)}, {vec}, "
+            f"{int(fp8)}>")
+
+
+def mla_kernel_names(family: str = FAMILY) -> list[str]:
+    """Every mla_rope_kernel instantiation (the mla family)."""
+    return [mla_kernel_name(dt, il, v, f) for dt in DTYPE_CTYPES for il in (False, True)
+            for v in lrpe_vec_widths(dt) for f in range(4)]
+
+
+kernels.register(ENTRY, (FAMILY,), mla_kernel_names)

@@ -1,0 +1,53 @@
+"""QK-norm's kernel record: the ``qknorm`` family (kernels/qknorm.cuh and
+qknorm_flat.cuh, compiled from kernels/rope.cu) and its name expressions."""
+from __future__ import annotations
+
+from .._core import kernels
+from .._core.kernels import DTYPE_CTYPES, cbool, vec_widths
+
+ENTRY = "rope.cu"
+FAMILY = "qknorm"
+
+
+def qknorm_kernel_name(dtype: str, interleaved: bool, backward: bool) -> str:
+    """Name expression of one ``qknorm_kernel`` instantiation (kernels/qknorm.cuh)."""
+    return f"cuprope::qknorm_kernel<{DTYPE_CTYPES[dtype]}, {cbool(interleaved)}, {cbool(backward)}>"
+
+
+def _model(model: bool) -> str:
+    return ", true" if model else ""  # MODEL's default (false) left out of the name
+
+
+def qknorm_rows_kernel_name(dtype: str, interleaved: bool, backward: bool,
+                            model: bool = False) -> str:
+    """Name expression of the fast path ``qknorm_rows_kernel`` (norm per head,
+    R = D, the widest packs) for ``dtype``; ``model``: its model modes'
+    instantiation (a model rounding, the caller's tables)."""
+    return (f"cuprope::qknorm_rows_kernel<{DTYPE_CTYPES[dtype]}, {cbool(interleaved)}, "
+            f"{vec_widths(dtype)[0]}, {cbool(backward)}{_model(model)}>")
+
+
+def qknorm_flat_kernel_name(dtype: str, interleaved: bool, vec: int, backward: bool,
+                            model: bool = False) -> str:
+    """Name expression of the flat entry (kernels/qknorm_flat.cuh) of
+    ``qknorm_kernel`` (``vec`` 0) or of ``qknorm_rows_kernel`` at pack width
+    ``vec`` (the widest of ``dtype``, as the fast path launches it; ``model``
+    as there)."""
+    return (f"cuprope::qknorm_flat_kernel<{DTYPE_CTYPES[dtype]}, {cbool(interleaved)}, {int(vec)}, "
+            f"{cbool(backward)}{_model(model)}>")
+
+
+QKNORM_DW_KERNEL = "cuprope::qknorm_dw_kernel"
+"""The QK-norm weight-gradient reduction (kernels/qknorm.cuh)."""
+
+
+def qknorm_kernel_names(family: str = FAMILY) -> list[str]:
+    """Every instantiation of the qknorm family."""
+    return [fn(dt, il, bwd) for fn in (qknorm_kernel_name, qknorm_rows_kernel_name)
+            for dt in DTYPE_CTYPES for il in (False, True)
+            for bwd in (False, True)] + [
+        qknorm_rows_kernel_name(dt, il, bwd, True) for dt in DTYPE_CTYPES
+        for il in (False, True) for bwd in (False, True)] + [QKNORM_DW_KERNEL]
+
+
+kernels.register(ENTRY, (FAMILY,), qknorm_kernel_names)
