@@ -19,7 +19,7 @@ from cuprope._core import arrays as core_arrays
 from cuprope._core import driver, engine, fastpath, launcher
 from cuprope.mla import api as mla_api
 from cuprope.prologue import api as pro_api
-from torch_helpers import count_calls
+from torch_helpers import apply_changes, count_calls
 
 torch = pytest.importorskip("torch", reason="needs torch: pip install torch")
 
@@ -84,6 +84,19 @@ def same_launch(a, b):
 
 # ---------------------------------------------------------------- the prologue
 
+def cache_addressing(g, t, pages, ps, paged, first_pages):
+    """The cache addressing keywords of ``t`` tokens: two sequences over a
+    random page order (the first holding ``first_pages`` pages), tokens
+    alternating between them at random rows (``paged``), else a random slot
+    per token."""
+    if not paged:
+        return {"slot_mapping": torch.randperm(pages * ps, generator=g)[:t]}
+    return dict(kv_indices=torch.randperm(pages, generator=g).to(torch.int32),
+                kv_indptr=torch.tensor([0, first_pages, pages], dtype=torch.int32),
+                batch_indices=torch.arange(t, dtype=torch.int32) % 2,
+                cache_positions=torch.randint(0, ps, (t,), generator=g, dtype=torch.int32))
+
+
 def prologue_args(seed, dtype=torch.bfloat16, t=4, hq=8, hk=2, d=64, pages=6, ps=4,
                   fp8=False, q8=False, combined=False, paged=False, layout="NHD"):
     """(q, k, v, positions, keywords) of one prologue call, fresh tensors."""
@@ -98,13 +111,7 @@ def prologue_args(seed, dtype=torch.bfloat16, t=4, hq=8, hk=2, d=64, pages=6, ps
     else:
         kw["k_cache"] = torch.zeros((pages,) + inner, dtype=cdt)
         kw["v_cache"] = torch.zeros((pages,) + inner, dtype=cdt)
-    if paged:
-        kw.update(kv_indices=torch.randperm(pages, generator=g).to(torch.int32),
-                  kv_indptr=torch.tensor([0, 3, pages], dtype=torch.int32),
-                  batch_indices=torch.arange(t, dtype=torch.int32) % 2,
-                  cache_positions=torch.randint(0, ps, (t,), generator=g, dtype=torch.int32))
-    else:
-        kw["slot_mapping"] = torch.randperm(pages * ps, generator=g)[:t]
+    kw.update(cache_addressing(g, t, pages, ps, paged, first_pages=3))
     if fp8:
         kw["k_scale"], kw["v_scale"] = torch.rand((), generator=g) + 0.1, \
             torch.rand((), generator=g) + 0.1
@@ -168,13 +175,8 @@ def test_prologue_changes_take_the_general_path_then_are_fast(fake_gpu, monkeypa
     cfg = cfg_thd()
 
     def run(args=None, **change):
-        q, k, v, pos, kw = args or prologue_args(5, **change.pop("make", {}))
-        for name, fn in change.items():
-            if name in ("q", "k", "v", "pos"):
-                q, k, v, pos = [fn(x) if n == name else x
-                                for n, x in zip(("q", "k", "v", "pos"), (q, k, v, pos))]
-            else:
-                kw = fn(kw)
+        q, k, v, pos, kw = apply_changes(args or prologue_args(5, **change.pop("make", {})),
+                                         change)
         before = len(checked)
         pro_api.qk_norm_rope_append_kv(q, k, v, cfg, pos, **kw)
         return len(checked) - before
@@ -260,13 +262,7 @@ def mla_args(seed, dtype=torch.bfloat16, t=3, h=4, dc=64, dn=32, r=64, pages=5, 
     kw = ({"kv_cache": torch.zeros(pages, ps, dc + r, dtype=cdt)} if layout == "vllm" else
           {"ckv_cache": torch.zeros(pages, ps, dc, dtype=cdt),
            "kpe_cache": torch.zeros(pages, ps, r, dtype=cdt)})
-    if paged:
-        kw.update(kv_indices=torch.randperm(pages, generator=g).to(torch.int32),
-                  kv_indptr=torch.tensor([0, 2, pages], dtype=torch.int32),
-                  batch_indices=torch.arange(t, dtype=torch.int32) % 2,
-                  cache_positions=torch.randint(0, ps, (t,), generator=g, dtype=torch.int32))
-    else:
-        kw["slot_mapping"] = torch.randperm(pages * ps, generator=g)[:t]
+    kw.update(cache_addressing(g, t, pages, ps, paged, first_pages=2))
     if fp8:
         kw["kv_scale"] = torch.rand((), generator=g) + 0.1
         kw["q_scale"] = torch.rand((), generator=g) + 0.1

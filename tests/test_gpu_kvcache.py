@@ -13,8 +13,8 @@ import pytest
 
 import cuprope
 from conftest import GPU_TESTS
-from torch_helpers import (count_calls, gen, host_bytes, randn,  # noqa: F401 (gen: test_kvcache_cases)
-                           sentinel, tdt)
+from torch_helpers import (apply_changes, count_calls, gen,  # noqa: F401 (gen: test_kvcache_cases)
+                           host_bytes, randn, record_results, sentinel, tdt)
 from cuprope import kvcache
 from cuprope.kvcache import api as kvcache_api
 from cuprope.kvcache import reference as kref
@@ -417,14 +417,8 @@ def test_append_fast_path_not_taken_when_arguments_change(monkeypatch):
     g = gen(43)
 
     def run(**change):
-        q, k, v, pos, kw = _decode_append_args(g, "bfloat16", change.pop("cache", "same"),
-                                               "slots", b=change.pop("b", 4))
-        for name, fn in change.items():
-            if name in ("q", "k", "v", "pos"):
-                q, k, v, pos = [fn(x) if n == name else x
-                                for n, x in zip(("q", "k", "v", "pos"), (q, k, v, pos))]
-            else:
-                kw = fn(kw)
+        q, k, v, pos, kw = apply_changes(_decode_append_args(
+            g, "bfloat16", change.pop("cache", "same"), "slots", b=change.pop("b", 4)), change)
         before = len(calls)
         q_ref, kw_ref = q.clone(), {n: x.clone() for n, x in kw.items()}
         kvcache.rope_append_kv(q, k, v, cfg, pos, **kw)
@@ -556,15 +550,7 @@ def test_rotary_embedding_decode_rows_equal_kv_rope_kernel(monkeypatch, dtype, n
     from cuprope._core import decode
     import cuprope.kvcache.launch as kl
     torch = _torch()
-    names = []
-    real = kl.kv_spec
-
-    def kv_spec(*a, **kw):
-        res = real(*a, **kw)
-        names.append(res.kernel)
-        return res
-    monkeypatch.setattr(kl, "kv_spec", kv_spec)
-    monkeypatch.setattr(rotary_mod(), "kv_spec", kv_spec)
+    names = record_results(monkeypatch, (kl, rotary_mod()), "kv_spec", lambda res: res.kernel)
     g = gen(zlib.crc32(f"rotary-decode{dtype}{neox}{table_dtype}{r}".encode()))
     hq, hk, d = 8, 2, 128
     ang = np.arange(300)[:, None] * 10000.0 ** (-np.arange(r // 2) / (r // 2))

@@ -26,7 +26,7 @@ import cuprope
 from cuprope import qknorm, reference, scaling
 from cuprope.qknorm import reference as qref
 from oracle import assert_matches
-from torch_helpers import count_calls
+from torch_helpers import count_calls, record_results
 
 pytestmark = GPU_TESTS
 
@@ -358,14 +358,7 @@ def test_rows_model_kernel_equals_the_general_kernel(rng, monkeypatch, dtype, in
         kw["tables"] = (_dev(np.cos(full), dtype), _dev(np.sin(full), dtype))
     else:
         kw.update(order=angles, positions=_dev(rng.integers(0, 40000, (b, s)), "float32").int())
-    names = []
-    geometry = ql.geometry
-
-    def spy(*a, **k):
-        geo = geometry(*a, **k)
-        names.append(geo.kernel_name)
-        return geo
-    monkeypatch.setattr(ql, "geometry", spy)
+    names = record_results(monkeypatch, (ql,), "geometry", lambda geo: geo.kernel_name)
     runs = []
     for rows in (True, False):
         if not rows:

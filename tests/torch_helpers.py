@@ -45,6 +45,37 @@ def host_bytes(t):
     return t.contiguous().view(_torch().uint8).cpu().numpy().copy()
 
 
+def record_results(monkeypatch, owners, name, pick):
+    """A list that grows by ``pick(result)`` per call of ``name``, the same
+    function wherever ``owners`` (modules that hold it, all patched alike)
+    reach it."""
+    seen = []
+    real = getattr(owners[0], name)
+
+    def recorded(*args, **kwargs):
+        res = real(*args, **kwargs)
+        seen.append(pick(res))
+        return res
+
+    for owner in owners:
+        monkeypatch.setattr(owner, name, recorded)
+    return seen
+
+
+def apply_changes(args, change):
+    """(q, k, v, pos, kw) of a call's arguments with ``change`` applied: a
+    function per name, for one of the arrays (``q``, ``k``, ``v``, ``pos``)
+    or, under any other name, for the keywords."""
+    q, k, v, pos, kw = args
+    for name, fn in change.items():
+        if name in ("q", "k", "v", "pos"):
+            q, k, v, pos = [fn(x) if n == name else x
+                            for n, x in zip(("q", "k", "v", "pos"), (q, k, v, pos))]
+        else:
+            kw = fn(kw)
+    return q, k, v, pos, kw
+
+
 def count_calls(monkeypatch, owner, name):
     """A list that grows by one per call reaching ``owner.name`` (a module's
     function or a class's method: the general GPU path a fast path skips)."""
