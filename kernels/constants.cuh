@@ -17,7 +17,8 @@
     !defined(CUPROPE_MIN_BLOCKS_PH_BWD) || !defined(CUPROPE_THREADS) ||               \
     !defined(CUPROPE_WARPS16) || !defined(CUPROPE_WARPS32) ||                         \
     !defined(CUPROPE_QKNORM_WARPS) || !defined(CUPROPE_QKNORM_MIN_BLOCKS) ||          \
-    !defined(CUPROPE_QKNORM_MIN_BLOCKS_BWD) || !defined(CUPROPE_QKNORM_DW_PAD)
+    !defined(CUPROPE_QKNORM_MIN_BLOCKS_BWD) || !defined(CUPROPE_QKNORM_DW_PAD) ||         \
+    !defined(CUPROPE_QKNORM_STAGES) || !defined(CUPROPE_QKNORM_STAGES_BWD)
 #error "the CUPROPE_* kernel constants are defined by cuprope/_core/loader.py (compile_options)"
 #endif
 
@@ -36,6 +37,10 @@
     CUPROPE_MIN_BLOCKS_PH_BWD < 1 || CUPROPE_QKNORM_MIN_BLOCKS < 1 ||                      \
     CUPROPE_QKNORM_MIN_BLOCKS_BWD < 1
 #error "CUPROPE_*MIN_BLOCKS*: at least one block per SM"
+#endif
+#if CUPROPE_QKNORM_STAGES < 2 || CUPROPE_QKNORM_STAGES > 8 || CUPROPE_QKNORM_STAGES_BWD == 1 || \
+    CUPROPE_QKNORM_STAGES_BWD < 0 || CUPROPE_QKNORM_STAGES_BWD > 8
+#error "CUPROPE_QKNORM_STAGES(_BWD): a ring of 2 to 8 units per warp (backward: 0, registers)"
 #endif
 #if CUPROPE_QKNORM_DW_PAD < 0 || CUPROPE_QKNORM_DW_PAD % 4 != 0
 #error "CUPROPE_QKNORM_DW_PAD: whole float4s (the dw rows are read and written as float4)"
@@ -72,6 +77,8 @@ constexpr int kThreads = CUPROPE_THREADS;
 constexpr int kQkWarps = CUPROPE_QKNORM_WARPS;
 constexpr int kQkThreads = 32 * kQkWarps;
 constexpr int kDwPad = CUPROPE_QKNORM_DW_PAD;
+constexpr int kQkStages = CUPROPE_QKNORM_STAGES;  // qknorm_ring_stages
+constexpr int kQkStagesBwd = CUPROPE_QKNORM_STAGES_BWD;
 
 // The KV-cache append (kernels/kvcache.cuh): blocks of kThreads threads that
 // must fit an SM at once (kv_rope_kernel's __launch_bounds__; 0: none

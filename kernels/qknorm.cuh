@@ -564,13 +564,35 @@ __device__ __forceinline__ void block_dw_row(const QkNormArgs& a, const float* r
 }
 
 // A warp's work is the sequence of units (token, step), step covering heads
-// [step * rpw, step * rpw + rpw) of q then k; a lane keeps the raw packs of
-// its row of the next unit in registers while it works on the current one,
-// so a unit's loads are in flight during the previous unit's reduction and
-// stores, and a token's first loads during its cos/sin.
+// [step * rpw, step * rpw + rpw) of q then k. The loads go through a ring
+// of S units per warp in shared memory (cp.async, no registers held: a lane
+// copies its own packs and reads them back after its own wait, so no
+// barrier), issued S - 1 units ahead of the one worked on (S:
+// qknorm_ring_stages); with S 0 (the backward by default: its dw rows leave
+// no room for a ring in 48 KB at 8 warps) a lane keeps the raw packs of the
+// next unit in registers. Either way a unit's loads are in flight during the
+// previous units' reductions and stores, and a token's first loads during
+// its cos/sin.
 template <typename T, int VEC, bool BWD>
 struct RowPacks {
   Pack<T, VEC> x[2], g[2];  // x (the saved input, backward); g: dy (backward)
+};
+
+// Ring stages of the rows kernel (0: registers); a stage is a warp's 32
+// lanes x its packs (forward x at e0, e1; backward x, then dy), [pack][lane].
+template <bool BWD>
+__host__ __device__ constexpr int qknorm_ring_stages() {
+  return BWD ? kQkStagesBwd : kQkStages;
+}
+
+// Where a warp is in its sequence of units: item (token, group of steps) and
+// its token (b, s), the step and the group's end (item >= items: done). The
+// item in 32 bits (the host keeps items + the grid's warps below 2^31,
+// ROWS_MAX_ITEMS): 64-bit ones spilled at the forward's 80 registers.
+struct RowCursor {
+  int item;
+  int step, end;
+  unsigned b, s;
 };
 
 // The lane's row of unit (token (b, s), step): head h (of q, then k),
@@ -822,10 +844,16 @@ template <typename T, bool INTERLEAVED, int VEC, bool BWD, class Grid = WholeGri
           class Sink = QkOutSink, bool MODEL = false>
 __device__ __forceinline__ void qknorm_rows_body(const QkNormArgs& a, const Grid& grid = Grid{},
                                                  const Sink& sink = Sink{}) {
+  // [warps][kRing][kPacks][32] packs (the load ring); then
   // [warps][npairs · kSlice] cos/sin, then w' of q and k [2][D];
   // BWD: then [warps * rpw][part_cols]
-  extern __shared__ float2 qk_cs[];
+  constexpr int kRing = qknorm_ring_stages<BWD>();
+  constexpr int kStage = (BWD ? 4 : 2) * 32;  // a ring stage's packs
+  static_assert(kRing == 0 || sizeof(Pack<T, VEC>) == 16, "the ring holds 16-byte packs");
+  extern __shared__ __align__(16) uint4 qk_smem[];
   const int lane = threadIdx.x & 31, wib = threadIdx.x >> 5;
+  [[maybe_unused]] uint4* ring = qk_smem + wib * kRing * kStage;
+  float2* qk_cs = reinterpret_cast<float2*>(qk_smem + (blockDim.x >> 5) * kRing * kStage);
   const int npairs = static_cast<int>(a.r.rot_dim >> 1);
   const int cpr = npairs / VEC, rpw = 32 / cpr;
   const int sub = lane / cpr, c = lane - sub * cpr;
@@ -884,7 +912,7 @@ __device__ __forceinline__ void qknorm_rows_body(const QkNormArgs& a, const Grid
     s0 = g * spg;
     s1 = min(steps, s0 + spg);
   };
-  auto load_unit = [&](const RowUnit& u, RowPacks<T, VEC, BWD>& p) {
+  auto load_unit = [&](const RowUnit& u, RowPacks<T, VEC, BWD>& p) {  // without a ring
     if (!u.on) return;
     const long long src = BWD ? a.x_ptr[u.t] : a.r.in_ptr[u.t];
     p.x[0] = load_pack<T, VEC>(src, u.x_off + e0);
@@ -894,22 +922,58 @@ __device__ __forceinline__ void qknorm_rows_body(const QkNormArgs& a, const Grid
       p.g[1] = load_pack<T, VEC>(a.r.in_ptr[u.t], u.in_off + e1);
     }
   };
+  auto advance = [&](RowCursor& cu) {  // the next unit
+    if (cu.item < items && ++cu.step == cu.end) {
+      cu.item += static_cast<int>(n_warps);
+      if (cu.item < items) split(cu.item, cu.b, cu.s, cu.step, cu.end);
+    }
+  };
+  // the lane's packs of cu's unit into ring stage st (a group committed
+  // even when empty, so that every wait counts the same groups)
+  [[maybe_unused]] auto issue = [&](const RowCursor& cu, int st) {
+    if (cu.item < items) {
+      const RowUnit u = unit_at(cu.b, cu.s, cu.step);
+      if (u.on) {
+        uint4* dst = ring + st * kStage + lane;
+        const T* x = reinterpret_cast<const T*>(BWD ? a.x_ptr[u.t] : a.r.in_ptr[u.t]) + u.x_off;
+        cp_async16(dst, x + e0);
+        cp_async16(dst + 32, x + e1);
+        if (BWD) {
+          const T* g = reinterpret_cast<const T*>(a.r.in_ptr[u.t]) + u.in_off;
+          cp_async16(dst + 64, g + e0);
+          cp_async16(dst + 96, g + e1);
+        }
+      }
+    }
+    cp_async_commit();
+  };
   __syncthreads();
   sink.ready();  // (after the weights' loads)
   const bool tab = MODEL && a.table;  // the caller's tables: their rows in the slice
   [[maybe_unused]] T* tsm = reinterpret_cast<T*>(cs);
   long long pos0 = 0;
-  long long item = warp;
-  int step = 0, step_end = 0;
   bool fresh = true;  // the item's first step
-  unsigned b = 0, s = 0;
-  RowPacks<T, VEC, BWD> cur;
-  if (item < items) {
-    split(item, b, s, step, step_end);
-    load_unit(unit_at(b, s, step), cur);
+  RowCursor cur{static_cast<int>(warp), 0, 0, 0u, 0u};
+  if (cur.item < items) split(cur.item, cur.b, cur.s, cur.step, cur.end);
+  [[maybe_unused]] RowCursor ld = cur;  // the next unit the ring takes
+  [[maybe_unused]] int stage = 0;
+  RowPacks<T, VEC, BWD> packs;
+  if constexpr (kRing > 0) {
+#pragma unroll
+    for (int i = 0; i < kRing - 1; ++i) {
+      issue(ld, i);
+      advance(ld);
+    }
+  } else if (cur.item < items) {
+    load_unit(unit_at(cur.b, cur.s, cur.step), packs);
   }
-  while (item < items) {
-    const RowUnit u = unit_at(b, s, step);
+  while (cur.item < items) {
+    const unsigned b = cur.b, s = cur.s;
+    const RowUnit u = unit_at(b, s, cur.step);
+    if constexpr (kRing > 0) {  // the ring's next unit, into the stage freed last step
+      issue(ld, stage == 0 ? kRing - 1 : stage - 1);
+      advance(ld);
+    }
     if (fresh && tab) {  // the token's table rows: cos at pos_ptr, sin at seq_off_ptr
       table_rows<T, VEC>(a, tsm, b, s, lane, 2 * npairs);
       __syncwarp();
@@ -921,25 +985,31 @@ __device__ __forceinline__ void qknorm_rows_body(const QkNormArgs& a, const Grid
       }
       __syncwarp();
     }
-    // the next unit's loads
-    long long nitem = item;
-    int nstep = step + 1, nend = step_end;
-    unsigned nb = b, ns = s;
-    if (nstep == step_end) {
-      nitem += n_warps;
-      if (nitem < items) split(nitem, nb, ns, nstep, nend);
+    RowCursor nxt_at = cur;
+    advance(nxt_at);
+    RowPacks<T, VEC, BWD> nxt;  // without a ring: the next unit's loads
+    if constexpr (kRing == 0) {
+      if (nxt_at.item < items) load_unit(unit_at(nxt_at.b, nxt_at.s, nxt_at.step), nxt);
     }
-    RowPacks<T, VEC, BWD> nxt;
-    if (nitem < items) load_unit(unit_at(nb, ns, nstep), nxt);
     float2 csv[VEC];
     if (!tab) chunk_cos_sin<INTERLEAVED, VEC>(a, cs, cpr, c, u, pair_at, pos0, csv);
     const int t = u.t;
+    if constexpr (kRing > 0) {  // this unit's packs, landed
+      cp_async_wait<kRing - 1>();
+      const uint4* src = ring + stage * kStage + lane;
+      packs.x[0] = *reinterpret_cast<const Pack<T, VEC>*>(src);
+      packs.x[1] = *reinterpret_cast<const Pack<T, VEC>*>(src + 32);
+      if constexpr (BWD) {
+        packs.g[0] = *reinterpret_cast<const Pack<T, VEC>*>(src + 64);
+        packs.g[1] = *reinterpret_cast<const Pack<T, VEC>*>(src + 96);
+      }
+    }
     float x[2][VEC] = {}, g[2][VEC] = {};  // forward: x; backward: x and dy
     if (u.on) {
 #pragma unroll
       for (int k = 0; k < 2; ++k) {
-        unpack_f32<T, VEC>(cur.x[k], x[k]);
-        if (BWD) unpack_f32<T, VEC>(cur.g[k], g[k]);
+        unpack_f32<T, VEC>(packs.x[k], x[k]);
+        if (BWD) unpack_f32<T, VEC>(packs.g[k], g[k]);
       }
     }
     if (a.rope_first) {
@@ -984,12 +1054,11 @@ __device__ __forceinline__ void qknorm_rows_body(const QkNormArgs& a, const Grid
       }
       row_backward_store<T, INTERLEAVED, VEC>(a, u, x, g, w, csv, r, mean, e0, e1);
     }
-    fresh = nitem != item;
+    fresh = nxt_at.item != cur.item;
     if (fresh) __syncwarp();  // every lane is done with the token's cos/sin
-    cur = nxt;
-    item = nitem;
-    step = nstep;
-    step_end = nend;
+    if constexpr (kRing == 0) packs = nxt;
+    cur = nxt_at;
+    stage = stage + 1 == kRing ? 0 : stage + 1;
   }
   if constexpr (BWD) block_dw_row(a, rows, (blockDim.x >> 5) * rpw);
 }

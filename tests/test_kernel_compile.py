@@ -2,8 +2,10 @@
 machine with no GPU (NVRTC needs none), with the options CuPy is given."""
 import os
 
+import numpy as np
 import pytest
 
+import cuprope
 from cuprope._core import args as _args
 from cuprope._core import loader as _loader
 from cuprope._core import rope_kernels
@@ -345,13 +347,15 @@ def test_qknorm_flat_entries_compile_without_new_spills():
     # the fp16 forward 48/84 from PTX identical to session 8's (ptx_diff); the
     # model modes (MODEL) with NVRTC 13.5: forward 44-52/72-84, interleaved
     # 88-96/104-124, interleaved backward 20/16 (the device's NVRTC: fp32
-    # interleaved forward 24/32 too); the bounds leave room for
-    # another compiler's choices, not for a new spill of the struct's fields.
+    # interleaved forward 24/32 too); since the forward's load ring (NOTES
+    # 59), NVRTC 13.5: forward 8-12/4-8, model forward 36-80/32-52,
+    # interleaved forward 108-136/52-104, backward 8-16/8-16; the bounds leave
+    # room for another compiler's choices, not for a new spill of the struct's fields.
     expected = {}
     for dt in ("float16", "bfloat16"):
         for model in (False, True):
-            expected[qknorm_kernels.qknorm_flat_kernel_name(dt, False, 8, False, model)] = (64, 128)
-            expected[qknorm_kernels.qknorm_flat_kernel_name(dt, True, 8, False, model)] = (128, 192)
+            expected[qknorm_kernels.qknorm_flat_kernel_name(dt, False, 8, False, model)] = (96, 128)
+            expected[qknorm_kernels.qknorm_flat_kernel_name(dt, True, 8, False, model)] = (160, 192)
         expected[qknorm_kernels.qknorm_flat_kernel_name(dt, True, 8, True)] = (128, 256)
         expected[qknorm_kernels.qknorm_flat_kernel_name(dt, True, 8, True, True)] = (64, 64)
     for il in (False, True):  # the device's NVRTC: 24/32 interleaved, none here
@@ -458,3 +462,41 @@ def test_decode_rows_load_the_position_before_the_wait():
     for name, body in _ptx_bodies("compute_90", names, kv_kernels.ENTRY).items():
         wait = body.find("griddepcontrol.wait")
         assert wait > 0 and "ld.global" in body[:wait], name
+
+
+def _aligned_zeros(shape, dtype):
+    """Zeros at a 256-byte aligned address (as GPU buffers are)."""
+    n = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    buf = np.empty(n + 256, np.uint8)
+    off = (-buf.ctypes.data) % 256
+    return buf[off:off + n].view(dtype).reshape(shape)
+
+
+def test_qknorm_rows_ring_and_item_count_agree_with_the_host(monkeypatch):
+    """qknorm_rows_kernel's load ring: the host sizes it by the kernel's rule
+    (forward two 16-byte packs a lane per stage, backward four, 0 stages:
+    none); its work items are counted in 32 bits, so a call of more heads
+    than ROWS_MAX_ITEMS in all runs the general kernel."""
+    from cuprope import qknorm
+    from cuprope._core.arrays import describe
+    from cuprope.qknorm import launch as ql
+    src = "".join(_loader.kernel_sources().values())
+    assert "return BWD ? kQkStagesBwd : kQkStages;" in src
+    assert "constexpr int kStage = (BWD ? 4 : 2) * 32;" in src
+    assert "struct RowCursor {\n  int item;" in src
+    fwd, bwd = ql.STAGES
+    assert (fwd, bwd) == (_loader.tuning("CUPROPE_QKNORM_STAGES"),
+                          _loader.tuning("CUPROPE_QKNORM_STAGES_BWD"))
+    assert ql.ring_bytes(False) == ql.WARPS * fwd * 2 * 32 * 16
+    assert ql.ring_bytes(True) == ql.WARPS * bwd * 4 * 32 * 16
+    cfg = cuprope.RopeConfig(128)
+    q, k = _aligned_zeros((2, 5, 4, 128), np.float16), _aligned_zeros((2, 5, 2, 128), np.float16)
+    c = qknorm.QkNormCall.of(q, k, None, None, cfg, None, None, 1e-6, "rms", 0.0,
+                             "norm_then_rope", "head", "exact", None, None, 0, None)
+    outs = [describe(_aligned_zeros(x.shape, x.dtype), "out") for x in (q, k)]
+    geo = ql.geometry(c, c.infos, outs, False, 132)
+    assert geo.vec == 8 and geo.smem >= ql.ring_bytes(False)
+    monkeypatch.setattr(ql, "ROWS_MAX_ITEMS", 2 * 5 * 6)
+    assert ql.geometry(c, c.infos, outs, False, 132).vec == 8
+    monkeypatch.setattr(ql, "ROWS_MAX_ITEMS", 2 * 5 * 6 - 1)
+    assert ql.geometry(c, c.infos, outs, False, 132).vec == 0

@@ -76,9 +76,13 @@ TUNING_DEFAULTS = {
     # for the fast path (qknorm_rows_kernel and its flat entry), forward and
     # backward; and the floats of padding after each head row of dw terms in
     # the fast backward's shared memory (whole float4s; 4 spreads a warp's
-    # float4 accesses over all banks: kernels kDwPad)
+    # float4 accesses over all banks: kernels kDwPad); the rows kernel's
+    # load ring, in units (a warp's step) per warp, forward and backward (0:
+    # the next unit in registers; at 8 warps a block the backward's ring
+    # does not fit 48 KB beside its dw rows)
     "CUPROPE_QKNORM_WARPS": 8, "CUPROPE_QKNORM_MIN_BLOCKS": 3,
-    "CUPROPE_QKNORM_MIN_BLOCKS_BWD": 2, "CUPROPE_QKNORM_DW_PAD": 4,
+    "CUPROPE_QKNORM_MIN_BLOCKS_BWD": 2, "CUPROPE_QKNORM_DW_PAD": 4, "CUPROPE_QKNORM_STAGES": 3,
+    "CUPROPE_QKNORM_STAGES_BWD": 0,
     # the most warp steps per token (host only, launch.MAX_STEPS): the computed
     # angle sources, and the cos/sin-table source
     "CUPROPE_MAX_STEPS": 3, "CUPROPE_MAX_STEPS_TABLE": 5,

@@ -71,6 +71,15 @@ class Geometry:
 
 
 DW_PAD = loader.tuning("CUPROPE_QKNORM_DW_PAD")  # floats after each dw row (kernels kDwPad)
+# the rows kernel's load ring, forward and backward (qknorm_ring_stages)
+STAGES = (loader.tuning("CUPROPE_QKNORM_STAGES"), loader.tuning("CUPROPE_QKNORM_STAGES_BWD"))
+
+
+def ring_bytes(backward):
+    """Shared bytes of the rows kernel's load ring (qknorm_ring_stages): per
+    warp its stages of 32 lanes x 16-byte packs, two forward (x), four
+    backward (x, dy)."""
+    return WARPS * STAGES[backward] * 32 * (4 if backward else 2) * 16
 
 
 def fast_rows_bytes(npairs, vec, part_cols):
@@ -83,15 +92,22 @@ def weight_lengths(call):
     return [0 if w is None else w.shape[0] for w in call.winfos]
 
 
+# qknorm_rows_kernel counts its work items (at most tokens x heads) in 32
+# bits, the grid's warps (below 2^20) added: RowCursor.
+ROWS_MAX_ITEMS = 2**31 - 2**20
+
+
 def fast_vec(call, ins, out_infos, backward, part_cols):
     """The fast path's pack width, or 0 where qknorm_kernel runs: the norm
     per head, R = D, every tensor (and the caller's cos/sin tables) aligned
-    for the widest packs, at most 32 lanes per head, shared memory within
-    SMEM_BUDGET."""
+    for the widest packs, at most 32 lanes per head, at most ROWS_MAX_ITEMS
+    heads in all, shared memory within SMEM_BUDGET."""
     cfg = call.config
     npairs = cfg.rotary_dim // 2
     widest = loader.vec_widths(call.dtype)[0]
+    heads = sum(canon_sizes(i.shape, call.layout)[2] for i in ins)
     if (call.over != "head" or cfg.rotary_dim != call.d
+            or call.b * call.s * heads > ROWS_MAX_ITEMS
             or npairs % widest or npairs // widest > 32
             or (call.tables and not _tables_aligned(call, widest))):
         return 0
@@ -101,7 +117,7 @@ def fast_vec(call, ins, out_infos, backward, part_cols):
                              canon_strides(x.strides, call.layout), p.heads)
                   for x, p in zip(call.infos, plans)]
     vec = pick_vec(call.dtype, plans, npairs, 0, call.b, call.s, (widest, 1))
-    need = slice_bytes(call, npairs, True) + 8 * call.d + (
+    need = slice_bytes(call, npairs, True) + 8 * call.d + ring_bytes(backward) + (
         fast_rows_bytes(npairs, widest, part_cols) if backward else 0)
     return widest if vec == widest and need <= SMEM_BUDGET else 0
 
@@ -140,7 +156,8 @@ def geometry(call, ins, out_infos, backward, sms) -> Geometry:
     blocks = max(1, -(-warps // WARPS))
     smem = slice_bytes(call, npairs, bool(vec))
     if vec:
-        smem += 8 * call.d + (fast_rows_bytes(npairs, vec, part_cols) if backward else 0)
+        smem += 8 * call.d + ring_bytes(backward) + (
+            fast_rows_bytes(npairs, vec, part_cols) if backward else 0)
     if smem > SMEM_BUDGET:
         raise ValueError(f"rotary_dim {call.config.rotary_dim} is too large for the QK-norm "
                          f"kernels: {smem} bytes of shared memory per block (at most "
