@@ -500,3 +500,26 @@ def test_qknorm_rows_ring_and_item_count_agree_with_the_host(monkeypatch):
     assert ql.geometry(c, c.infos, outs, False, 132).vec == 8
     monkeypatch.setattr(ql, "ROWS_MAX_ITEMS", 2 * 5 * 6 - 1)
     assert ql.geometry(c, c.infos, outs, False, 132).vec == 0
+
+
+def test_qknorm_rows_ring_settings_compile_and_bad_ones_stop():
+    """The rows kernel's ring at other settings (the backward's ring at 4
+    warps a block, which fits 48 KB; 2 stages forward) compiles, flat entries
+    included; a ring of one stage stops the compile with its message."""
+    names = [qknorm_kernels.qknorm_rows_kernel_name("bfloat16", il, bwd, False)
+             for il in (False, True) for bwd in (False, True)]
+    names += [qknorm_kernels.qknorm_flat_kernel_name("bfloat16", False, 8, True)]
+    base = [o for o in _loader.compile_options() + _args.flat_defines()
+            if not o.startswith(("-DCUPROPE_QKNORM_WARPS=", "-DCUPROPE_QKNORM_STAGES",
+                                 "-DCUPROPE_QKNORM_MIN_BLOCKS"))]
+    good = ["-DCUPROPE_QKNORM_WARPS=4", "-DCUPROPE_QKNORM_MIN_BLOCKS=6",
+            "-DCUPROPE_QKNORM_MIN_BLOCKS_BWD=4", "-DCUPROPE_QKNORM_STAGES=2",
+            "-DCUPROPE_QKNORM_STAGES_BWD=3"]
+    rc, log, prog = _build("sm_90", names, base + good, qknorm_kernels.ENTRY)
+    nvrtc.nvrtcDestroyProgram(prog)
+    assert rc == nvrtc.nvrtcResult.NVRTC_SUCCESS, log
+    bad = [o.replace("STAGES_BWD=3", "STAGES_BWD=1") for o in good]
+    rc, log, prog = _build("sm_90", names[:1], base + bad, qknorm_kernels.ENTRY)
+    nvrtc.nvrtcDestroyProgram(prog)
+    assert rc != nvrtc.nvrtcResult.NVRTC_SUCCESS
+    assert "CUPROPE_QKNORM_STAGES(_BWD): a ring of 2 to 8 units per warp" in log
