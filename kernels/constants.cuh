@@ -103,7 +103,7 @@ constexpr int kMlaRotUnroll = CUPROPE_MLA_ROT_UNROLL;
 #endif
 constexpr int kMlaMinBlocks = CUPROPE_MLA_MIN_BLOCKS;
 
-// The decode prologue (kernels/prologue.cuh): blocks of kThreads threads that
+// The decode prologue (kernels/prologue.cuh): blocks of kQkThreads threads that
 // must fit an SM at once (its __launch_bounds__).
 #if !defined(CUPROPE_PROLOGUE_MIN_BLOCKS) || CUPROPE_PROLOGUE_MIN_BLOCKS < 1
 #error "CUPROPE_PROLOGUE_MIN_BLOCKS (>= 1) is defined by cuprope/_core/loader.py (compile_options)"

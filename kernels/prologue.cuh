@@ -166,8 +166,10 @@ __device__ __forceinline__ void prologue_v_body(const RopeArgs& r, const KvArgs&
   }
 }
 
+// Blocks of the QK-norm kernels' size (kQkThreads: the host launches the
+// prologue with the QK-norm geometry's threads).
 template <typename T, bool INTERLEAVED, int VEC, int FP8>
-__global__ void __launch_bounds__(kThreads, kPrologueMinBlocks)
+__global__ void __launch_bounds__(kQkThreads, kPrologueMinBlocks)
     prologue_kernel(const QkNormArgs a, const KvArgs kv, const PrologueArgs p) {
   const unsigned nb = static_cast<unsigned>(p.norm_blocks);
   if (blockIdx.x >= nb) {  // (block-uniform: the norm bodies' __syncthreads stay whole)

@@ -24,7 +24,7 @@ __host__ __device__ constexpr int qknorm_flat_min_blocks() {
 
 #ifdef CUPROPE_FLAT_QKNORM_PARAMS
 template <typename T, bool INTERLEAVED, int VEC, bool BWD, bool MODEL = false>
-__global__ void __launch_bounds__(256, qknorm_flat_min_blocks<VEC, BWD>())
+__global__ void __launch_bounds__(kQkThreads, qknorm_flat_min_blocks<VEC, BWD>())
     qknorm_flat_kernel(CUPROPE_FLAT_QKNORM_PARAMS) {
   const long long words[] = {CUPROPE_FLAT_QKNORM_WORDS};
   __shared__ QkNormArgs a;

@@ -523,3 +523,62 @@ def test_qknorm_rows_ring_settings_compile_and_bad_ones_stop():
     nvrtc.nvrtcDestroyProgram(prog)
     assert rc != nvrtc.nvrtcResult.NVRTC_SUCCESS
     assert "CUPROPE_QKNORM_STAGES(_BWD): a ring of 2 to 8 units per warp" in log
+
+
+def _maxntid(bounds_by_entry, options):
+    """{name expression: its PTX .maxntid} of one kernel of each translation unit."""
+    import re
+    out = {}
+    for entry, names in bounds_by_entry.items():
+        rc, log, prog = _build("compute_90", names, options, entry)
+        assert rc == nvrtc.nvrtcResult.NVRTC_SUCCESS, log
+        lowered = {n: _check(nvrtc.nvrtcGetLoweredName(prog, n.encode())).decode() for n in names}
+        ptx = b" " * _check(nvrtc.nvrtcGetPTXSize(prog))
+        _check(nvrtc.nvrtcGetPTX(prog, ptx))
+        nvrtc.nvrtcDestroyProgram(prog)
+        found = dict(re.findall(r"\.entry (\w+)\([^{]*?\.maxntid (\d+), 1, 1", ptx.decode()))
+        out.update({n: int(found[lowered[n]]) for n in names})
+    return out
+
+
+@pytest.mark.parametrize("tuned", [False, True], ids=["defaults", "other-block-sizes"])
+def test_every_kernel_bound_is_the_block_its_host_launches(tuned):
+    """Each kernel's __launch_bounds__ (PTX .maxntid) is the block size its
+    launcher uses, from the same tuning value: a block larger than the bound
+    would fail to launch, and a launcher's literal would drift from the
+    kernels' value. The rope, KV-cache, decode-row and MLA kernels take
+    CUPROPE_THREADS (the rope and decode launchers at most that); every
+    QK-norm kernel, its flat entries and the prologue (launched with the
+    QK-norm geometry) take 32 x CUPROPE_QKNORM_WARPS. Checked at the
+    defaults and at other values of both."""
+    from cuprope._core import decode, launch
+    from cuprope.mla import launch as mla_launch
+    from cuprope.qknorm import launch as qk_launch
+    opts = list(_loader.compile_options() + _args.flat_defines())
+    threads, qk = _loader.tuning("CUPROPE_THREADS"), qk_launch.THREADS
+    if tuned:  # the host's values follow the same tuning values (read once, at import)
+        threads, qk = 128, 64
+        new = {"CUPROPE_THREADS": threads, "CUPROPE_QKNORM_WARPS": qk // 32,
+               "CUPROPE_WARPS16": 4, "CUPROPE_WARPS32": 4}
+        opts = [o for o in opts if o.partition("=")[0][2:] not in new]
+        opts += [f"-D{k}={v}" for k, v in new.items()]
+    bf16 = "bfloat16"
+    want = {
+        rope_kernels.kernel_name(bf16, False, 8): threads,
+        rope_kernels.flat_kernel_name(bf16, False, 8): threads,
+        qknorm_kernels.qknorm_kernel_name(bf16, False, False): qk,
+        qknorm_kernels.qknorm_rows_kernel_name(bf16, False, True): qk,
+        qknorm_kernels.qknorm_flat_kernel_name(bf16, False, 0, False): qk,
+        qknorm_kernels.qknorm_flat_kernel_name(bf16, False, 8, True, True): qk,
+        qknorm_kernels.QKNORM_DW_KERNEL: qk,
+        kv_kernels.kv_kernel_name(bf16, False, 8): threads,
+        rope_kernels.decode_kernel_name(bf16, False): threads,
+        rope_kernels.KV_ANGLE_TABLE_KERNEL: threads,
+        mla_kernels.mla_kernel_name(bf16, False, 8): threads,
+        prologue_kernels.prologue_kernel_name(bf16, False, 8): qk}
+    by_entry = {rope_kernels.ENTRY: list(want)[:7], kv_kernels.ENTRY: list(want)[7:10],
+                mla_kernels.ENTRY: list(want)[10:11], prologue_kernels.ENTRY: list(want)[11:]}
+    assert _maxntid(by_entry, opts) == want
+    assert mla_launch.THREADS == _loader.tuning("CUPROPE_THREADS")
+    assert max(launch.WARPS_PER_BLOCK.values()) * 32 <= _loader.tuning("CUPROPE_THREADS")
+    assert 32 * decode.WARPS <= _loader.tuning("CUPROPE_THREADS")  # decode.geometry: cx * hy <= 32

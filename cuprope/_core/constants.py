@@ -106,7 +106,8 @@ TUNING_DEFAULTS = {
     # rows per warp instead (host only, for sweeps)
     "CUPROPE_MLA_UNROLL": 4, "CUPROPE_MLA_ROT_UNROLL": 1, "CUPROPE_MLA_MIN_BLOCKS": 4,
     "CUPROPE_MLA_WARPS_PER_SM": 48, "CUPROPE_MLA_ROWS_PER_WARP": 0,
-    # the decode prologue (kernels/prologue.cuh): blocks of 256 threads that
+    # the decode prologue (kernels/prologue.cuh): blocks of the QK-norm kernels'
+    # threads (32 x CUPROPE_QKNORM_WARPS) that
     # must fit an SM at once. 3 (the QK-norm head-rows forward's) spills
     # 16-88 bytes in the 16-bit head-rows instantiations (80 registers); 2
     # spills none (96-112). Not yet timed.

@@ -23,6 +23,9 @@ FAMILY = DECODE_FAMILY
 # 32 threads a token's head group) per block.
 MAX_TOKENS = tuning("CUPROPE_DECODE_MAX_TOKENS")
 WARPS = tuning("CUPROPE_DECODE_WARPS")
+if not 1 <= WARPS <= tuning("CUPROPE_THREADS") // 32:
+    raise ValueError("CUPROPE_DECODE_WARPS: 1 to CUPROPE_THREADS / 32 tokens a block (the "
+                     "decode kernel's __launch_bounds__)")
 TABLE_BYTES = tuning("CUPROPE_ANGLE_TABLE_BYTES")
 MAX_GRID_Y = 65535
 

@@ -1,6 +1,6 @@
 """The launch of DeepSeek MLA's fused call (``kernels/mla.cuh``) as a
 launcher.LaunchSpec: kernel ``mla_rope_kernel`` of its ``mla`` family
-(``mla/kernels.py``), one warp per (token, group of rows) of 256-thread
+(``mla/kernels.py``), one warp per (token, group of rows) of CUPROPE_THREADS-thread
 blocks, the warp's cos/sin slice in dynamic shared memory, and three argument structs:
 RopeArgs (q_pe as tensor 0 with its output, k_pe as tensor 1, positions,
 frequencies), KvArgs (ckv as ``v``, the k_pe and ckv cache rows, the
@@ -15,7 +15,7 @@ from .._core.loader import tuning
 from .._core.rope_kernels import lrpe_vec_widths
 from .kernels import FAMILY as MLA_FAMILY, mla_kernel_name
 
-THREADS = 256  # kernels' kThreads: 8 warps a block
+THREADS = tuning("CUPROPE_THREADS")  # the kernel's bound (kThreads)
 WARPS = THREADS // 32
 # The warps per SM the host fills before a warp takes more than one row of a
 # token (rows_per_warp): with few tokens the rows spread over many warps
