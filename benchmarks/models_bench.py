@@ -241,7 +241,9 @@ def generate_rows(name, model, impl, run, profile):
                         run)
             full = timed(lambda: model.generate(ids, max_new_tokens=run.decode + 1,
                                                 min_new_tokens=run.decode + 1, **kw), run)
+        # (a short dry run can time the longer generate at or under the prefill)
         per = max(full - pre, 0.0) / run.decode
+        rate = f"{b / per:.0f} tokens/s" if per > 0 else "no decode time left after the prefill"
         case = f"{name} B {b}"
         shape = f"B {b} prefill {run.prefill} then {run.decode} steps"
         peer = "" if impl == ours else ours
@@ -251,7 +253,7 @@ def generate_rows(name, model, impl, run, profile):
                  suite_rows.make("models", "decode step", case, run.dtype, impl, per * 1e6,
                                  shape=shape, ratio_to=peer,
                                  note=f"(generate of {run.decode + 1} tokens - prefill) / "
-                                      f"{run.decode}; {b / per:.0f} tokens/s")]
+                                      f"{run.decode}; {rate}")]
         if profile:
             rows.append(_decode_profile(model, ids, case, shape, impl, run))
     return rows

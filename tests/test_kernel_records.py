@@ -56,3 +56,29 @@ def test_importing_the_loader_registers_every_op():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, cwd=ROOT).stdout
     assert int(out) == len(kernels.families()) == 26
+
+
+def test_each_op_declares_its_tuning_values():
+    """The QK-norm, KV-cache, MLA and prologue records declare their own
+    tuning values (the rotation's stay in _core.constants): each is in effect
+    on the host and reaches every translation unit as a -D option; declaring
+    a name again with another value is an error, with the same value a no-op."""
+    from cuprope._core import constants
+    from cuprope.kvcache import kernels as kv
+    from cuprope.mla import kernels as mla
+    from cuprope.prologue import kernels as pro
+    from cuprope.qknorm import kernels as qk
+    opts = set(loader.compile_options())
+    for rec, prefix in ((qk, "CUPROPE_QKNORM_"), (kv, "CUPROPE_KV_"), (mla, "CUPROPE_MLA_"),
+                        (pro, "CUPROPE_PROLOGUE_")):
+        assert rec.TUNING and all(k.startswith(prefix) for k in rec.TUNING)
+        for name, value in rec.TUNING.items():
+            assert constants.TUNING_DEFAULTS[name] == value
+            assert f"-D{name}={loader.TUNING[name]}" in opts
+    src = (ROOT / "cuprope" / "_core" / "constants.py").read_text()
+    assert not re.search(r'"CUPROPE_(QKNORM|KV|MLA|PROLOGUE)_\w+": \d', src)
+    constants.declare_tuning({"CUPROPE_QKNORM_WARPS": qk.TUNING["CUPROPE_QKNORM_WARPS"]})
+    with pytest.raises(ValueError, match="CUPROPE_QKNORM_WARPS declared as 8 and as 4"):
+        constants.declare_tuning({"CUPROPE_QKNORM_WARPS": 4})
+    with pytest.raises(KeyError, match="no tuning value CUPROPE_NOT_A_VALUE"):
+        loader.tuning("CUPROPE_NOT_A_VALUE")

@@ -36,7 +36,9 @@ CODES = {"CUPROPE_SRC_SHARED": SRC_SHARED, "CUPROPE_SRC_PER_HEAD": SRC_PER_HEAD,
 
 # Tuning values, measured on an H200 (benchmarks/NOTES.md); any of them can be
 # overridden through CUPROPE_KERNEL_DEFINES (benchmarks/tune.py). By element
-# size: 16 for the 16-bit types, 32 for float32.
+# size: 16 for the 16-bit types, 32 for float32. These are the rotation's and
+# the decode rows'; every other op's kernel record declares its own
+# (declare_tuning, through kernels.register).
 TUNING_DEFAULTS = {
     # the most threads per block of the rope, LRPE and KV-cache kernels (their
     # __launch_bounds__, kernels kThreads; whole warps), and the warps per
@@ -70,48 +72,11 @@ TUNING_DEFAULTS = {
     # kernels stay uncapped.
     "CUPROPE_MIN_BLOCKS": 4, "CUPROPE_MIN_BLOCKS_PH16": 1, "CUPROPE_MIN_BLOCKS_PH32": 3,
     "CUPROPE_MIN_BLOCKS_PH_BWD": 2,
-    # QK-norm (kernels/qknorm.cuh): warps per block of every QK-norm kernel
-    # (their __launch_bounds__ are 32 times it; the weight-gradient reduction
-    # sums this many slices of rows); the blocks that must fit an SM at once
-    # for the fast path (qknorm_rows_kernel and its flat entry), forward and
-    # backward; and the floats of padding after each head row of dw terms in
-    # the fast backward's shared memory (whole float4s; 4 spreads a warp's
-    # float4 accesses over all banks: kernels kDwPad); the rows kernel's
-    # load ring, in units (a warp's step) per warp, forward and backward (0:
-    # the next unit in registers; at 8 warps a block the backward's ring
-    # does not fit 48 KB beside its dw rows)
-    "CUPROPE_QKNORM_WARPS": 8, "CUPROPE_QKNORM_MIN_BLOCKS": 3,
-    "CUPROPE_QKNORM_MIN_BLOCKS_BWD": 2, "CUPROPE_QKNORM_DW_PAD": 4, "CUPROPE_QKNORM_STAGES": 3,
-    "CUPROPE_QKNORM_STAGES_BWD": 0,
     # the most warp steps per token (host only, launch.MAX_STEPS): the computed
     # angle sources, and the cos/sin-table source
     "CUPROPE_MAX_STEPS": 3, "CUPROPE_MAX_STEPS_TABLE": 5,
     # token runs on (1) or off (0), and a fixed token tile (0: chosen per shape; host only)
     "CUPROPE_TOKEN_RUNS": 1, "CUPROPE_TOKEN_TILE": 0,
-    # the KV-cache append (kv_rope_kernel): blocks of 256 threads that must fit
-    # an SM at once (0: none stated, the compiler's own choice, 80 registers
-    # for the bf16 width-8 kernels); the same for its WIDE instantiations (4:
-    # 64 registers, 36-52 bytes spilled, 32 warps per SM: the 16k prefill 1.29x
-    # faster, decode 0.2-0.3 us slower), and the grid's warps per SM
-    # from which a launch takes them (host only)
-    "CUPROPE_KV_MIN_BLOCKS": 0, "CUPROPE_KV_WIDE_MIN_BLOCKS": 4,
-    "CUPROPE_KV_WIDE_WARPS_PER_SM": 64,
-    # DeepSeek MLA (kernels/mla.cuh): the pass-through packs (q_nope, ckv)
-    # and the rotated chunks a lane loads before it stores, so each warp
-    # keeps that many loads in flight; the blocks of 256 threads that must
-    # fit an SM at once (__launch_bounds__; 4: 64 registers, small spills,
-    # faster than 1 from T 256 up); the warps per SM the host fills
-    # before a warp takes more than one row of a token (host only; 48 the
-    # best compromise over T 1 .. 16k); CUPROPE_MLA_ROWS_PER_WARP > 0 fixes the
-    # rows per warp instead (host only, for sweeps)
-    "CUPROPE_MLA_UNROLL": 4, "CUPROPE_MLA_ROT_UNROLL": 1, "CUPROPE_MLA_MIN_BLOCKS": 4,
-    "CUPROPE_MLA_WARPS_PER_SM": 48, "CUPROPE_MLA_ROWS_PER_WARP": 0,
-    # the decode prologue (kernels/prologue.cuh): blocks of the QK-norm kernels'
-    # threads (32 x CUPROPE_QKNORM_WARPS) that
-    # must fit an SM at once. 3 (the QK-norm head-rows forward's) spills
-    # 16-88 bytes in the 16-bit head-rows instantiations (80 registers); 2
-    # spills none (96-112). Not yet timed.
-    "CUPROPE_PROLOGUE_MIN_BLOCKS": 2,
     # the decode rows (kernels/decode.cuh; host only, cuprope/_core/decode.py):
     # the most tokens a launch has to take them (0: never), the most tokens
     # (a warp each at D 128) per block, and the bytes of a config's angle
@@ -140,6 +105,22 @@ TUNING = {**{k: str(v) for k, v in TUNING_DEFAULTS.items()},
           **_overrides(os.environ.get("CUPROPE_KERNEL_DEFINES", ""))}
 
 
+def declare_tuning(defaults: dict[str, int]) -> None:
+    """Add an op's tuning values (its kernel record's) to TUNING_DEFAULTS and
+    TUNING, where an override from CUPROPE_KERNEL_DEFINES stays in effect. A
+    name declared again must keep its value."""
+    for name, value in defaults.items():
+        old = TUNING_DEFAULTS.get(name)
+        if old is not None and old != value:
+            raise ValueError(f"tuning value {name} declared as {old} and as {value}")
+        TUNING_DEFAULTS[name] = value
+        TUNING.setdefault(name, str(value))
+
+
 def tuning(name: str) -> int:
     """One tuning value in effect, as the kernels compile with it."""
-    return int(TUNING[name])
+    try:
+        return int(TUNING[name])
+    except KeyError:
+        raise KeyError(f"no tuning value {name}: neither the rotation's nor declared by a "
+                       f"kernel record") from None

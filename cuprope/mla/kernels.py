@@ -26,4 +26,14 @@ def mla_kernel_names(family: str = FAMILY) -> list[str]:
             for v in lrpe_vec_widths(dt) for f in range(4)]
 
 
-kernels.register(ENTRY, (FAMILY,), mla_kernel_names)
+# The pass-through packs (q_nope, ckv) and the rotated chunks a lane loads
+# before it stores, so each warp keeps that many loads in flight; the blocks
+# of CUPROPE_THREADS threads that must fit an SM at once (__launch_bounds__;
+# 4: 64 registers, small spills, faster than 1 from T 256 up); the warps per
+# SM the host fills before a warp takes more than one row of a token (host
+# only; 48 the best compromise over T 1 .. 16k); CUPROPE_MLA_ROWS_PER_WARP > 0
+# fixes the rows per warp instead (host only, for sweeps).
+TUNING = {"CUPROPE_MLA_UNROLL": 4, "CUPROPE_MLA_ROT_UNROLL": 1, "CUPROPE_MLA_MIN_BLOCKS": 4,
+          "CUPROPE_MLA_WARPS_PER_SM": 48, "CUPROPE_MLA_ROWS_PER_WARP": 0}
+
+kernels.register(ENTRY, (FAMILY,), mla_kernel_names, TUNING)

@@ -33,4 +33,11 @@ def prologue_kernel_names(family: str | None = None) -> list[str]:
             for v in (0, vec_widths(dt)[0])]
 
 
-kernels.register(ENTRY, FAMILIES, prologue_kernel_names)
+# Blocks of the QK-norm kernels' threads (32 x CUPROPE_QKNORM_WARPS) that
+# must fit an SM at once. 3 (the QK-norm head-rows forward's) spills 16-88
+# bytes in the 16-bit head-rows instantiations (80 registers) and, on an
+# H200, took a 16k prefill from 160 to 144 us but decode B 1024 from 14.8 to
+# 16.1 us; 2 spills none (96-112 registers).
+TUNING = {"CUPROPE_PROLOGUE_MIN_BLOCKS": 2}
+
+kernels.register(ENTRY, FAMILIES, prologue_kernel_names, TUNING)

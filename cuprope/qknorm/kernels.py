@@ -50,4 +50,17 @@ def qknorm_kernel_names(family: str = FAMILY) -> list[str]:
         for il in (False, True) for bwd in (False, True)] + [QKNORM_DW_KERNEL]
 
 
-kernels.register(ENTRY, (FAMILY,), qknorm_kernel_names)
+# Warps per block of every QK-norm kernel (their __launch_bounds__ are 32
+# times it; the weight-gradient reduction sums this many slices of rows);
+# the blocks that must fit an SM at once for the fast path
+# (qknorm_rows_kernel and its flat entry), forward and backward; the floats
+# of padding after each head row of dw terms in the fast backward's shared
+# memory (whole float4s; 4 spreads a warp's float4 accesses over all banks:
+# kernels kDwPad); the rows kernel's load ring, in units (a warp's step) per
+# warp, forward and backward (0: the next unit in registers; at 8 warps a
+# block the backward's ring does not fit 48 KB beside its dw rows).
+TUNING = {"CUPROPE_QKNORM_WARPS": 8, "CUPROPE_QKNORM_MIN_BLOCKS": 3,
+          "CUPROPE_QKNORM_MIN_BLOCKS_BWD": 2, "CUPROPE_QKNORM_DW_PAD": 4,
+          "CUPROPE_QKNORM_STAGES": 3, "CUPROPE_QKNORM_STAGES_BWD": 0}
+
+kernels.register(ENTRY, (FAMILY,), qknorm_kernel_names, TUNING)
