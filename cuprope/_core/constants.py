@@ -1,16 +1,12 @@
 """The constants the kernels share with the host and the tuning values they
-compile with: every one reaches the kernels as a ``-D`` option
+compile with (the rotation's here, each other op's declared by its kernel
+record): every one reaches the kernels as a ``-D`` option
 (``loader.compile_options``), the headers keep no defaults
 (``kernels/constants.cuh`` checks them), and the host reads the same merged
 values, so the two cannot disagree. ``loader`` re-exports every name."""
 from __future__ import annotations
 
 import os
-
-# Every constant the kernels share with the host is defined here and reaches
-# the kernels as a -D option (compile_options); the headers keep no defaults
-# (kernels/constants.cuh stops the compile when one is missing), and the host
-# (launch.py) reads the same merged values, so the two cannot disagree.
 
 # Angle sources: the rope_kernel template's SRC (kernels kSrc*).
 SRC_SHARED, SRC_PER_HEAD, SRC_TABLE = 0, 1, 2

@@ -2,9 +2,9 @@
 translation unit (a ``.cu`` file of the kernel folder) its kernels are
 compiled from, the families (modules compiled on first use) its
 instantiations are grouped into, a function giving a family's name
-expressions, and its tuning values. The loader compiles a family from its record; listings read
-every record. Records register when their op package is imported
-(``import cuprope`` imports them all).
+expressions, and its tuning values. The loader compiles a family from its
+record; listings read every record. Records register when their op package
+is imported (``import cuprope`` imports them all).
 
 Also the pieces every name expression is built from: the element types'
 C++ types and sizes, and the pack widths a kernel is instantiated for.
