@@ -48,7 +48,7 @@ struct RopeArgs {
 // a contiguous last dim and batch / sequence strides pos_sb / pos_ss.
 
 // The KV-cache dialect's extra arguments (kernels/kvcache.cuh; host mirror
-// KV_ARGS_FIELDS in cuprope/_core/args.py). The RopeArgs beside it carries q
+// KV_ARGS in cuprope/_core/args.py). The RopeArgs beside it carries q
 // (tensor 0) and k (tensor 1) with their outputs, positions and angles.
 struct KvArgs {
   long long v_ptr;                     // v, tensor 1's geometry (0: no v)
@@ -67,14 +67,6 @@ struct KvArgs {
   long long kv_scale_sh;               // 0: one k and one v scale; 1: one per k head
   long long cs_ptr, cs_st, cs_rows;    // cos_sin_cache [rows, R]: cos [0, R/2), sin [R/2, R)
   long long write_rest;                // bit 0: q's dims >= R to q_out; bit 1: k's to k_out
-};
-
-// DeepSeek MLA's third argument (kernels/mla.cuh; host mirror MLA_ARGS in
-// cuprope/_core/args.py): the absorbed q_nope and its output, and the widths.
-struct MlaArgs {
-  long long qn_ptr, qn_st, qn_sh;      // q_nope [T, H, Dn]: token, head strides (0: none)
-  long long qno_ptr, qno_st, qno_sh;   // q_nope_out
-  long long nope_dim, ckv_dim;         // Dn, Dc (kv_lora_rank)
 };
 
 }  // namespace cuprope

@@ -33,6 +33,14 @@
 
 namespace cuprope {
 
+// The kernel's third argument (host mirror MLA_ARGS in cuprope/mla/kernels.py):
+// the absorbed q_nope and its output, and the widths.
+struct MlaArgs {
+  long long qn_ptr, qn_st, qn_sh;      // q_nope [T, H, Dn]: token, head strides (0: none)
+  long long qno_ptr, qno_st, qno_sh;   // q_nope_out
+  long long nope_dim, ckv_dim;         // Dn, Dc (kv_lora_rank)
+};
+
 // One item of a warp's list: the byte addresses its packs are loaded from
 // and stored to (the row's element 0 for a rotated chunk, the pack itself
 // for a pass-through pack), whether it is a query item (q_scale, Q8) or a

@@ -21,7 +21,7 @@
 
 namespace cuprope {
 
-// The prologue's own words (host mirror PROLOGUE_ARGS in cuprope/_core/args.py).
+// The prologue's own words (host mirror PROLOGUE_ARGS in cuprope/prologue/launch.py).
 struct PrologueArgs {
   long long norm_blocks;  // blocks [0, norm_blocks) norm q and k; the others copy v
   long long packs;        // whole packs may be stored: bit 0 q_out, bit 1 the k cache,

@@ -42,7 +42,7 @@ namespace cuprope {
 
 // The launch argument: RopeArgs (tensors, positions, angles; in_ptr is x in
 // the forward and dy in the backward) and the norm's fields. Every field is 8
-// bytes; the host mirrors it in cuprope/qknorm/launch.py (ARGS_EXTRA_FIELDS).
+// bytes; the host mirrors it in cuprope/qknorm/kernels.py (QKNORM_ARGS).
 struct QkNormArgs {
   RopeArgs r;
   long long x_ptr[2];                 // backward: the saved inputs q, k

@@ -2,7 +2,7 @@
 // that pass flat pointer/scalar parameters (jaxlib's GPU kernel call;
 // cuprope/qknorm/jax.py), as kernels/flat.cuh does for rope_kernel: one
 // 8-byte parameter per QkNormArgs word, the parameter list and the struct's
-// words generated from its field list (cuprope/_core/args.py QKNORM_ARGS) as
+// words generated from its field list (cuprope/qknorm/kernels.py QKNORM_ARGS) as
 // CUPROPE_FLAT_QKNORM_PARAMS / _WORDS. VEC 0 is qknorm_kernel's body, VEC > 0
 // qknorm_rows_kernel's (the fast path at that pack width; MODEL as there).
 // The bodies' dynamic shared memory starts after the struct (both launchers

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from cuprope._core import args, driver, fastpath, launch, launcher
+from cuprope.qknorm import kernels as qknorm_kernels
 
 torch = pytest.importorskip("torch", reason="needs torch: pip install torch")
 
@@ -212,9 +213,9 @@ def test_spread_parameters_launch_one_scalar_per_word(monkeypatch):
     one int64 per word, after a by-value struct where there is one."""
     monkeypatch.setattr(driver.DRIVER, "_ok", False)
     fn = FakeFunc()
-    raw = args.DW_ARGS.pack(part_ptr=5, rows=6, stride=7, col0=8, cols=9, out_ptr=10,
+    raw = qknorm_kernels.DW_ARGS.pack(part_ptr=5, rows=6, stride=7, col0=8, cols=9, out_ptr=10,
                             out_dtype=2)
-    spec = launcher.LaunchSpec("k", "f", (1, 1, 1), (256, 1, 1), 0, [(args.DW_ARGS, raw)])
+    spec = launcher.LaunchSpec("k", "f", (1, 1, 1), (256, 1, 1), 0, [(qknorm_kernels.DW_ARGS, raw)])
     launcher.Plan(0, fn, spec).run(3)
     assert [struct.unpack("<q", b)[0] for b in fn.calls[-1][2]] == [5, 6, 7, 8, 9, 10, 2]
 

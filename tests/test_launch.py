@@ -8,6 +8,7 @@ import pytest
 
 from cuprope._core import args, launch, launcher, loader
 from cuprope._core import rope_kernels
+from cuprope.qknorm import kernels as qknorm_kernels
 
 
 def c_struct_fields(header="args.cuh", struct_name="RopeArgs"):
@@ -84,7 +85,7 @@ def test_pack_args_fills_fields_by_name():
         args.pack_args(heads=(1,))
 
 
-@pytest.mark.parametrize("st", [args.ROPE_ARGS, args.QKNORM_ARGS], ids=lambda s: s.c_name)
+@pytest.mark.parametrize("st", [args.ROPE_ARGS, qknorm_kernels.QKNORM_ARGS], ids=lambda s: s.c_name)
 def test_flat_order_takes_every_pointer_first_inputs_before_outputs(st):
     """The flat entries' parameters: the pointer words (inputs, then the
     outputs the kernel writes), then every other word once, in struct order."""
@@ -93,7 +94,7 @@ def test_flat_order_takes_every_pointer_first_inputs_before_outputs(st):
     assert all(names[s].endswith("_ptr") for s in st.pointer_slots)
     assert sorted(st.pointer_slots + st.flat_words) == list(range(len(names)))
     assert list(st.flat_words) == sorted(st.flat_words)
-    unused = {"aux_ptr", "stats_ptr"} if st is args.QKNORM_ARGS else set()  # 0 there
+    unused = {"aux_ptr", "stats_ptr"} if st is qknorm_kernels.QKNORM_ARGS else set()  # 0 there
     assert not any(names[s].endswith("_ptr") and names[s] not in unused for s in st.flat_words)
     outs = [i for i, r in enumerate(st.pointers) if r in st.outputs]
     assert outs == list(range(len(st.pointers) - len(st.outputs), len(st.pointers)))
@@ -101,7 +102,7 @@ def test_flat_order_takes_every_pointer_first_inputs_before_outputs(st):
 
 @pytest.mark.parametrize("prefix,st,header", [
     ("CUPROPE_FLAT_ROPE", args.ROPE_ARGS, "flat.cuh"),
-    ("CUPROPE_FLAT_QKNORM", args.QKNORM_ARGS, "qknorm_flat.cuh")])
+    ("CUPROPE_FLAT_QKNORM", qknorm_kernels.QKNORM_ARGS, "qknorm_flat.cuh")])
 def test_flat_entry_source_is_generated_from_the_field_list(prefix, st, header):
     """The flat entries' parameter list and struct rebuild come from the
     field list (args.flat_defines): parameters are the pointer roles then

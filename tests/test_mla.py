@@ -8,7 +8,6 @@ import pytest
 import cuprope
 from cuprope.kvcache import reference as kref
 from cuprope import reference
-from cuprope._core import args, loader
 from cuprope.mla import kernels as mla_kernels
 from cuprope.mla import rope_append_mla
 from cuprope.mla.reference import expected_cache_rows, mla_reference, rotate_pe
@@ -89,9 +88,9 @@ def test_kernel_catalogue_and_args():
     names = mla_kernels.mla_kernel_names()
     assert len(names) == 48
     assert mla_kernels.mla_kernel_name("bfloat16", True, 8, 3) in names
-    assert args.MLA_ARGS.n_words == 8
+    assert mla_kernels.MLA_ARGS.n_words == 8
     from test_launch import c_struct_fields
-    assert tuple(c_struct_fields(struct_name="MlaArgs")) == args.MLA_ARGS.fields
+    assert tuple(c_struct_fields("mla.cuh", "MlaArgs")) == mla_kernels.MLA_ARGS.fields
 
 
 def _inputs(t=4, h=2, dtype=np.float32):

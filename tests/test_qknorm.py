@@ -507,17 +507,17 @@ def test_model_gradients_match_hf():
 
 
 def test_host_mirror_is_the_c_struct():
-    """cuprope/_core/args.py QKNORM_ARGS is struct QkNormArgs (kernels/qknorm.cuh)
+    """cuprope/qknorm/kernels.py QKNORM_ARGS is struct QkNormArgs (kernels/qknorm.cuh)
     field by field: a RopeArgs, then the norm's fields; its rounding codes are
     the reference's roundings in order."""
     from test_launch import c_struct_fields
     from cuprope._core import args
-    from cuprope.qknorm import launch as ql
+    from cuprope.qknorm import kernels as qknorm_kernels, launch as ql
     fields = c_struct_fields("qknorm.cuh", "QkNormArgs")
     assert fields[0] == ("r", 1, "RopeArgs")
-    assert args.QKNORM_ARGS.fields == args.ARGS_FIELDS + tuple(fields[1:])
+    assert qknorm_kernels.QKNORM_ARGS.fields == args.ARGS_FIELDS + tuple(fields[1:])
     assert [n for n, c, k in fields[1:] if k == "d"] == ["eps", "weight_offset"]
-    assert args.QKNORM_ARGS.size == args.ARGS.size + 8 * (sum(c for _, c, _ in fields[1:]))
+    assert qknorm_kernels.QKNORM_ARGS.size == args.ARGS.size + 8 * (sum(c for _, c, _ in fields[1:]))
     assert ql.ROUNDINGS == qref.ROUNDINGS
 
 

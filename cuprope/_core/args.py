@@ -1,9 +1,10 @@
 """The kernels' argument structs on the host, each from one named, ordered
-field list (:class:`ArgStruct`): ``struct RopeArgs``, ``KvArgs`` and
-``MlaArgs`` (kernels/args.cuh), ``struct QkNormArgs`` (kernels/qknorm.cuh)
-and the scalar parameter lists of ``qknorm_dw_kernel`` and
-``kv_angle_table_kernel``; and the flat entries' generated parameter lists
-(:func:`flat_defines`). Tests compare the lists with the C structs.
+field list (:class:`ArgStruct`): the class, ``struct RopeArgs`` and
+``KvArgs`` (kernels/args.cuh) and ``kv_angle_table_kernel``'s scalar
+parameters (an op's own structs are in its kernel record); and the flat
+entries' generated parameter lists (:func:`flat_defines`, entries declared
+by the records: :func:`declare_flat`). Tests compare the lists with the C
+structs.
 """
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ class ArgStruct:
     (pointers first, inputs before outputs, then every other word in struct
     order) and the C source of their parameter list and struct rebuild
     (``flat_defines``, passed to NVRTC as ``-D`` options when a flat entry
-    is compiled; kernels/flat.cuh and kernels/qknorm_flat.cuh use them)."""
+    is compiled; the flat entries' headers use them)."""
 
     def __init__(self, c_name, fields, *, spread=False, pointers=(), outputs=()):
         self.c_name, self.fields, self.spread = c_name, tuple(fields), spread
@@ -108,38 +109,30 @@ KV_ARGS = ArgStruct("KvArgs", tuple((name, 1, "q") for name in (
     "indices_ptr", "indptr_ptr", "n_indices", "index_is64", "n_seqs", "q_scale", "k_scale",
     "v_scale", "kv_scale_sh", "cs_ptr", "cs_st", "cs_rows", "write_rest")))
 
-# struct MlaArgs (kernels/args.cuh), DeepSeek MLA's third argument (all int64).
-MLA_ARGS = ArgStruct("MlaArgs", tuple((name, 1, "q") for name in (
-    "qn_ptr", "qn_st", "qn_sh", "qno_ptr", "qno_st", "qno_sh", "nope_dim", "ckv_dim")))
-
-# struct QkNormArgs (kernels/qknorm.cuh): a RopeArgs, then these.
-QKNORM_ARGS = ArgStruct("QkNormArgs", ROPE_ARGS.fields + (
-    ("x_ptr", 2, "q"), ("x_sb", 2, "q"), ("x_ss", 2, "q"), ("x_sh", 2, "q"), ("w_ptr", 2, "q"),
-    ("w_dtype", 2, "q"), ("w_col", 2, "q"), ("part_ptr", 1, "q"), ("part_cols", 1, "q"),
-    ("norm_token", 1, "q"), ("rope_first", 1, "q"), ("rounding", 1, "q"), ("table", 1, "q"),
-    ("step_groups", 1, "q"), ("eps", 1, "d"), ("weight_offset", 1, "d"),
-), pointers=("in_ptr0", "in_ptr1", "x_ptr0", "x_ptr1", "pos_ptr", "seq_off_ptr", "w_ptr0",
-             "w_ptr1", "inv_freq_ptr", "stream_map_ptr", "out_ptr0", "out_ptr1", "part_ptr"),
-    outputs=("out_ptr0", "out_ptr1", "part_ptr"))
-
-# qknorm_dw_kernel's parameters (kernels/qknorm.cuh), one scalar each.
-DW_ARGS = ArgStruct("qknorm_dw_kernel", tuple((n, 1, "q") for n in (
-    "part_ptr", "rows", "stride", "col0", "cols", "out_ptr", "out_dtype")), spread=True)
-
 # kv_angle_table_kernel's parameters after its RopeArgs (kernels/kvcache.cuh).
 TABLE_ARGS = ArgStruct("kv_angle_table_kernel", (("out_ptr", 1, "q"), ("rows", 1, "q")),
                        spread=True)
 
-# The flat entries generated from the field lists: (define prefix, struct).
-FLAT_ENTRIES = (("CUPROPE_FLAT_ROPE", ROPE_ARGS), ("CUPROPE_FLAT_QKNORM", QKNORM_ARGS))
+# The flat entries generated from the field lists: define prefix -> struct
+# (the rotation's here; an op's kernel record declares its own: declare_flat).
+FLAT_ENTRIES = {"CUPROPE_FLAT_ROPE": ROPE_ARGS}
+
+
+def declare_flat(prefix: str, struct: ArgStruct) -> None:
+    """A flat entry point whose parameters NVRTC gets as ``<prefix>_PARAMS``
+    and ``<prefix>_WORDS``, generated from ``struct`` (a kernel record's)."""
+    old = FLAT_ENTRIES.get(prefix)
+    if old is not None and old.fields != struct.fields:
+        raise ValueError(f"flat entry {prefix} declared with two structs")
+    FLAT_ENTRIES[prefix] = struct
 
 
 def flat_defines() -> tuple[str, ...]:
-    """NVRTC ``-D`` options giving each flat entry (kernels/flat.cuh,
-    kernels/qknorm_flat.cuh) its parameter list (``<PREFIX>_PARAMS``) and the
+    """NVRTC ``-D`` options giving each declared flat entry (kernels/flat.cuh,
+    an op's flat header) its parameter list (``<PREFIX>_PARAMS``) and the
     struct's words in slot order (``<PREFIX>_WORDS``)."""
     out = []
-    for prefix, st in FLAT_ENTRIES:
+    for prefix, st in FLAT_ENTRIES.items():
         params, words = st.flat_source()
         out += [f"-D{prefix}_PARAMS={params}", f"-D{prefix}_WORDS={words}"]
     return tuple(out)

@@ -5,6 +5,7 @@ cache), one family."""
 from __future__ import annotations
 
 from .._core import kernels
+from .._core.args import ArgStruct
 from .._core.kernels import DTYPE_CTYPES, cbool
 from .._core.rope_kernels import lrpe_vec_widths
 
@@ -35,5 +36,9 @@ def mla_kernel_names(family: str = FAMILY) -> list[str]:
 # fixes the rows per warp instead (host only, for sweeps).
 TUNING = {"CUPROPE_MLA_UNROLL": 4, "CUPROPE_MLA_ROT_UNROLL": 1, "CUPROPE_MLA_MIN_BLOCKS": 4,
           "CUPROPE_MLA_WARPS_PER_SM": 48, "CUPROPE_MLA_ROWS_PER_WARP": 0}
+
+# struct MlaArgs (kernels/mla.cuh), the kernel's third argument (all int64).
+MLA_ARGS = ArgStruct("MlaArgs", tuple((name, 1, "q") for name in (
+    "qn_ptr", "qn_st", "qn_sh", "qno_ptr", "qno_st", "qno_sh", "nope_dim", "ckv_dim")))
 
 kernels.register(ENTRY, (FAMILY,), mla_kernel_names, TUNING)

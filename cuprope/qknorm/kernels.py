@@ -1,8 +1,10 @@
 """QK-norm's kernel record: the ``qknorm`` family (kernels/qknorm.cuh and
-qknorm_flat.cuh, compiled from kernels/rope.cu) and its name expressions."""
+qknorm_flat.cuh, compiled from kernels/rope.cu), its name expressions, its
+tuning values and its argument structs (and flat entry)."""
 from __future__ import annotations
 
 from .._core import kernels
+from .._core.args import ROPE_ARGS, ArgStruct, declare_flat
 from .._core.kernels import DTYPE_CTYPES, cbool, vec_widths
 
 ENTRY = "rope.cu"
@@ -63,4 +65,20 @@ TUNING = {"CUPROPE_QKNORM_WARPS": 8, "CUPROPE_QKNORM_MIN_BLOCKS": 3,
           "CUPROPE_QKNORM_MIN_BLOCKS_BWD": 2, "CUPROPE_QKNORM_DW_PAD": 4,
           "CUPROPE_QKNORM_STAGES": 3, "CUPROPE_QKNORM_STAGES_BWD": 0}
 
+# struct QkNormArgs (kernels/qknorm.cuh): a RopeArgs, then the norm's fields;
+# its flat entry's parameters (kernels/qknorm_flat.cuh) are generated from it.
+QKNORM_ARGS = ArgStruct("QkNormArgs", ROPE_ARGS.fields + (
+    ("x_ptr", 2, "q"), ("x_sb", 2, "q"), ("x_ss", 2, "q"), ("x_sh", 2, "q"), ("w_ptr", 2, "q"),
+    ("w_dtype", 2, "q"), ("w_col", 2, "q"), ("part_ptr", 1, "q"), ("part_cols", 1, "q"),
+    ("norm_token", 1, "q"), ("rope_first", 1, "q"), ("rounding", 1, "q"), ("table", 1, "q"),
+    ("step_groups", 1, "q"), ("eps", 1, "d"), ("weight_offset", 1, "d"),
+), pointers=("in_ptr0", "in_ptr1", "x_ptr0", "x_ptr1", "pos_ptr", "seq_off_ptr", "w_ptr0",
+             "w_ptr1", "inv_freq_ptr", "stream_map_ptr", "out_ptr0", "out_ptr1", "part_ptr"),
+    outputs=("out_ptr0", "out_ptr1", "part_ptr"))
+
+# qknorm_dw_kernel's parameters (kernels/qknorm.cuh), one scalar each.
+DW_ARGS = ArgStruct("qknorm_dw_kernel", tuple((n, 1, "q") for n in (
+    "part_ptr", "rows", "stride", "col0", "cols", "out_ptr", "out_dtype")), spread=True)
+
 kernels.register(ENTRY, (FAMILY,), qknorm_kernel_names, TUNING)
+declare_flat("CUPROPE_FLAT_QKNORM", QKNORM_ARGS)

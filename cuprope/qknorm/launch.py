@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import dataclasses
 
-from .._core import args, engine, loader
+from .._core import engine, loader
 from . import kernels
 from .._core.launch import SMEM_LIMIT, TensorPlan, pick_vec
 from .._core.launcher import LaunchSpec
 from .._core.layout import canon_sizes, canon_strides
 
-QKNORM_ARGS = args.QKNORM_ARGS  # struct QkNormArgs: a RopeArgs, then the norm's fields
+QKNORM_ARGS = kernels.QKNORM_ARGS  # struct QkNormArgs: a RopeArgs, then the norm's fields
 W_DTYPE = {"float32": 0, "float16": 1, "bfloat16": 2}  # QkNormArgs.w_dtype
 ROUNDINGS = ("exact", "cast_then_weight", "weight_then_cast")  # QkNormArgs.rounding codes
 
@@ -263,11 +263,11 @@ def dw_specs(call, geo, *, part_ptr=0, out_ptrs=(0, 0), out_dtype=None):
     for i, w in enumerate(call.winfos):
         if w is None:
             continue
-        raw = args.DW_ARGS.pack(part_ptr=part_ptr, rows=geo.part_rows, stride=geo.part_cols,
+        raw = kernels.DW_ARGS.pack(part_ptr=part_ptr, rows=geo.part_rows, stride=geo.part_cols,
                                 col0=0 if i == 0 else wlen[0], cols=wlen[i], out_ptr=out_ptrs[i],
                                 out_dtype=W_DTYPE[out_dtype or w.dtype])
         out.append((i, LaunchSpec(kernels.QKNORM_DW_KERNEL, kernels.FAMILY, (-(-wlen[i] // 32), 1, 1),
-                                  (THREADS, 1, 1), 0, [(args.DW_ARGS, raw)], DW_CALLS)))
+                                  (THREADS, 1, 1), 0, [(kernels.DW_ARGS, raw)], DW_CALLS)))
     return out
 
 
