@@ -317,24 +317,6 @@ def run_family(measure, ctx, passes):
     return suite_rows.combine(runs)
 
 
-def commit_id():
-    """CUPROPE_COMMIT if set, else the checkout's short hash (+ '-dirty')."""
-    if os.environ.get("CUPROPE_COMMIT"):
-        return os.environ["CUPROPE_COMMIT"]
-    try:
-        top = subprocess.run(["git", "-C", ROOT, "rev-parse", "--show-toplevel"],
-                             capture_output=True, text=True).stdout.strip()
-        if os.path.realpath(top) != os.path.realpath(ROOT):
-            return "unknown"
-        h = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"],
-                           capture_output=True, text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", ROOT, "status", "--porcelain", "-uno"],
-                               capture_output=True, text=True).stdout.strip()
-        return h + ("-dirty" if dirty else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def default_fi_bin():
     for p in (os.path.join(ROOT, "..", "shared", "peers", "fi_bench_bin"),
               os.path.join(ROOT, "build", "fi_bench_bin")):
@@ -402,7 +384,7 @@ def main(argv=None):
     ctx = Ctx(args)
     fams = families()
     rows, failed = [], []
-    commit = commit_id()
+    commit = suite_rows.commit_id()
     for fam in only:
         try:
             rows += run_family(fams[fam], ctx, passes if fam in REPEATED else 1)

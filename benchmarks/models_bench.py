@@ -369,7 +369,7 @@ def main(argv=None):
     rows = []
     for name in run.models:
         rows += measure(name, run)
-        suite_rows.finish(rows, device, _commit())
+        suite_rows.finish(rows, device, suite_rows.commit_id())
         suite_rows.write(rows, a.out)
     print(f"wrote {len(rows)} rows on {device} to {a.out}", file=sys.stderr)
     if a.into:
@@ -377,11 +377,6 @@ def main(argv=None):
         suite_rows.write(merged, a.into)
         print(f"merged into {a.into}", file=sys.stderr)
     return 0
-
-
-def _commit():
-    from bench_suite import commit_id
-    return commit_id()
 
 
 if __name__ == "__main__":

@@ -26,7 +26,11 @@ Columns (``COLUMNS``), one row per (family, op, case, dtype, impl):
 """
 import csv
 import math
+import os
 import statistics
+import subprocess
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the checkout
 
 COLUMNS = ("family", "op", "case", "shape", "dtype", "impl", "us", "frac_copy", "ratio",
            "ratio_to", "bytes", "device", "commit", "note")
@@ -159,3 +163,21 @@ def combine(passes):
             row["note"] = f"{row['note']}; {extra}" if row.get("note") else extra
         out.append(row)
     return out
+
+
+def commit_id():
+    """CUPROPE_COMMIT if set, else the checkout's short hash (+ '-dirty')."""
+    if os.environ.get("CUPROPE_COMMIT"):
+        return os.environ["CUPROPE_COMMIT"]
+    try:
+        top = subprocess.run(["git", "-C", ROOT, "rev-parse", "--show-toplevel"],
+                             capture_output=True, text=True).stdout.strip()
+        if os.path.realpath(top) != os.path.realpath(ROOT):
+            return "unknown"
+        h = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"],
+                           capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", ROOT, "status", "--porcelain", "-uno"],
+                               capture_output=True, text=True).stdout.strip()
+        return h + ("-dirty" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
