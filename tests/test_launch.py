@@ -85,7 +85,8 @@ def test_pack_args_fills_fields_by_name():
         args.pack_args(heads=(1,))
 
 
-@pytest.mark.parametrize("st", [args.ROPE_ARGS, qknorm_kernels.QKNORM_ARGS], ids=lambda s: s.c_name)
+@pytest.mark.parametrize("st", [args.ROPE_ARGS, qknorm_kernels.QKNORM_ARGS],
+                         ids=lambda s: s.c_name)
 def test_flat_order_takes_every_pointer_first_inputs_before_outputs(st):
     """The flat entries' parameters: the pointer words (inputs, then the
     outputs the kernel writes), then every other word once, in struct order."""
