@@ -397,10 +397,12 @@ def test_every_mla_instantiation_compiles(arch):
     assert len(spilled) <= 16 and all(st <= 32 and ld <= 96 for st, ld in spilled), spills
 
 
-def _ptx_bodies(arch, names, entry):
-    """{name expression: its .entry's PTX text} of ``names`` compiled for ``arch``."""
+def _ptx_bodies(arch, names, entry, options=None):
+    """{name expression: its .entry's PTX text} of ``names`` compiled for
+    ``arch`` (with ``options``, default the package's)."""
     import re
-    rc, log, prog = _build(arch, names, _loader.compile_options(), entry)
+    rc, log, prog = _build(arch, names, _loader.compile_options() if options is None else options,
+                           entry)
     assert rc == nvrtc.nvrtcResult.NVRTC_SUCCESS, log
     lowered = {n: _check(nvrtc.nvrtcGetLoweredName(prog, n.encode())).decode() for n in names}
     size = _check(nvrtc.nvrtcGetPTXSize(prog))
@@ -530,14 +532,8 @@ def _maxntid(bounds_by_entry, options):
     import re
     out = {}
     for entry, names in bounds_by_entry.items():
-        rc, log, prog = _build("compute_90", names, options, entry)
-        assert rc == nvrtc.nvrtcResult.NVRTC_SUCCESS, log
-        lowered = {n: _check(nvrtc.nvrtcGetLoweredName(prog, n.encode())).decode() for n in names}
-        ptx = b" " * _check(nvrtc.nvrtcGetPTXSize(prog))
-        _check(nvrtc.nvrtcGetPTX(prog, ptx))
-        nvrtc.nvrtcDestroyProgram(prog)
-        found = dict(re.findall(r"\.entry (\w+)\([^{]*?\.maxntid (\d+), 1, 1", ptx.decode()))
-        out.update({n: int(found[lowered[n]]) for n in names})
+        for name, body in _ptx_bodies("compute_90", names, entry, options).items():
+            out[name] = int(re.search(r"\.maxntid (\d+), 1, 1", body).group(1))
     return out
 
 

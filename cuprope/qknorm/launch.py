@@ -97,6 +97,11 @@ def weight_lengths(call):
 ROWS_MAX_ITEMS = 2**31 - 2**20
 
 
+def _heads(call, ins):
+    """The heads of q and k together."""
+    return sum(canon_sizes(i.shape, call.layout)[2] for i in ins)
+
+
 def fast_vec(call, ins, out_infos, backward, part_cols):
     """The fast path's pack width, or 0 where qknorm_kernel runs: the norm
     per head, R = D, every tensor (and the caller's cos/sin tables) aligned
@@ -105,7 +110,7 @@ def fast_vec(call, ins, out_infos, backward, part_cols):
     cfg = call.config
     npairs = cfg.rotary_dim // 2
     widest = loader.vec_widths(call.dtype)[0]
-    heads = sum(canon_sizes(i.shape, call.layout)[2] for i in ins)
+    heads = _heads(call, ins)
     if (call.over != "head" or cfg.rotary_dim != call.d
             or call.b * call.s * heads > ROWS_MAX_ITEMS
             or npairs % widest or npairs // widest > 32
@@ -176,7 +181,7 @@ def step_groups(call, ins, npairs, vec, tokens, cap) -> int:
     eighth of the grid's warps (every warp also forms its token's cos/sin:
     past that the split measured slower in the prologue on an H200).
     Forward only (the backward kernel keeps one warp per token)."""
-    heads = sum(canon_sizes(i.shape, call.layout)[2] for i in ins)
+    heads = _heads(call, ins)
     return _groups(-(-heads // (32 // (npairs // vec))), tokens, cap)
 
 
