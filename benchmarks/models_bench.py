@@ -22,7 +22,9 @@ same compile mode, > 1: cuprope faster):
 * ``train pos+norm``: of that step, the device time in position encoding and
   q/k norm, forward and backward (torch.profiler, ``models_profile``; eager);
 * ``prefill``: one forward of 4096 tokens; ``decode step``: greedy decode,
-  the mean of 128 steps after it (``generate``), B 1 and B 32;
+  the mean of 128 steps after it (``generate``), B 1 and B 32; the eager
+  implementations share one model and take turns, round by round, after a
+  round that warms them all;
 * ``decode pos+norm``: one decode step's device time in position encoding
   and q/k norm (eager).
 
@@ -221,41 +223,106 @@ def _profile(model, step, run):
     return models_profile.profile_step(model, step, device=not run.dry)
 
 
-def generate_rows(name, model, impl, run, profile):
-    """``prefill`` and ``decode step`` (and, eager, ``decode pos+norm``) rows."""
+def _generate_kw(ids, compiled):
     import torch
+    kw = dict(do_sample=False, eos_token_id=None, pad_token_id=0,
+              attention_mask=torch.ones_like(ids))
+    if compiled:
+        kw["cache_implementation"] = "static"
+    else:
+        kw["disable_compile"] = True
+    return kw
+
+
+def _generate_pair(model, ids, kw, run):
+    """(prefill seconds, prefill + run.decode steps seconds): one generate each."""
+    import torch
+    with torch.no_grad():
+        def pre():
+            model.generate(ids, max_new_tokens=1, min_new_tokens=1, **kw)
+
+        def full():
+            model.generate(ids, max_new_tokens=run.decode + 1, min_new_tokens=run.decode + 1,
+                           **kw)
+        if run.dry:
+            return _wall(pre), _wall(full)
+        from cuprope.cli.bench_cases import time_gpu
+        return time_gpu(pre, reps=1, warm=0), time_gpu(full, reps=1, warm=0)
+
+
+def _wall(fn):
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+def _generation_rows(name, impl, b, pres, fulls, run, how):
+    pre, full = statistics.median(pres), statistics.median(fulls)
+    # (a short dry run can time the longer generate at or under the prefill)
+    per = max(full - pre, 0.0) / run.decode
+    rate = f"{b / per:.0f} tokens/s" if per > 0 else "no decode time left after the prefill"
+    case = f"{name} B {b}"
+    shape = f"B {b} prefill {run.prefill} then {run.decode} steps"
+    ours = "cuprope-compile" if impl.endswith("-compile") else "cuprope"
+    peer = "" if impl == ours else ours
+    return [suite_rows.make("models", "prefill", case, run.dtype, impl, pre * 1e6, shape=shape,
+                            ratio_to=peer, note=f"generate(max_new_tokens=1); median of "
+                            f"{len(pres)}{how}"),
+            suite_rows.make("models", "decode step", case, run.dtype, impl, per * 1e6,
+                            shape=shape, ratio_to=peer,
+                            note=f"(generate of {run.decode + 1} tokens - prefill) / "
+                                 f"{run.decode}; {rate}")]
+
+
+def generate_rows(name, model, impl, run):
+    """``prefill`` and ``decode step`` rows of one compiled implementation
+    (static cache): one warm-up, then the median of run.reps."""
     model.eval()
-    compiled = impl.endswith("-compile")
-    ours = "cuprope-compile" if compiled else "cuprope"
     rows = []
     for b in run.decode_batches:
         ids = _ids(run, b, run.prefill, model.config.vocab_size)
-        kw = dict(do_sample=False, eos_token_id=None, pad_token_id=0,
-                  attention_mask=torch.ones_like(ids))
-        if compiled:
-            kw["cache_implementation"] = "static"
-        else:
-            kw["disable_compile"] = True
-        with torch.no_grad():
-            pre = timed(lambda: model.generate(ids, max_new_tokens=1, min_new_tokens=1, **kw),
-                        run)
-            full = timed(lambda: model.generate(ids, max_new_tokens=run.decode + 1,
-                                                min_new_tokens=run.decode + 1, **kw), run)
-        # (a short dry run can time the longer generate at or under the prefill)
-        per = max(full - pre, 0.0) / run.decode
-        rate = f"{b / per:.0f} tokens/s" if per > 0 else "no decode time left after the prefill"
-        case = f"{name} B {b}"
-        shape = f"B {b} prefill {run.prefill} then {run.decode} steps"
-        peer = "" if impl == ours else ours
-        rows += [suite_rows.make("models", "prefill", case, run.dtype, impl, pre * 1e6, shape=shape,
-                                 ratio_to=peer, note=f"generate(max_new_tokens=1); median of "
-                                 f"{run.reps}"),
-                 suite_rows.make("models", "decode step", case, run.dtype, impl, per * 1e6,
-                                 shape=shape, ratio_to=peer,
-                                 note=f"(generate of {run.decode + 1} tokens - prefill) / "
-                                      f"{run.decode}; {rate}")]
-        if profile:
-            rows.append(_decode_profile(model, ids, case, shape, impl, run))
+        kw = _generate_kw(ids, True)
+        _generate_pair(model, ids, kw, run)
+        pairs = [_generate_pair(model, ids, kw, run) for _ in range(run.reps)]
+        rows += _generation_rows(name, impl, b, [p for p, _ in pairs], [f for _, f in pairs],
+                                 run, "")
+    return rows
+
+
+def eager_generate_rows(name, impls, run):
+    """``prefill``, ``decode step`` and ``decode pos+norm`` rows of the eager
+    implementations (``impls``: name -> context manager factory taking the
+    model), all on one model and interleaved: each round times every
+    implementation once, after a first round that warms them all (eager
+    generation is host-bound, and the first step at each cache length pays
+    one-time costs, cuDNN attention's plans among them); medians of
+    run.reps rounds."""
+    import torch
+    model = build(name, run).eval()
+    rows = []
+    try:
+        for b in run.decode_batches:
+            ids = _ids(run, b, run.prefill, model.config.vocab_size)
+            kw = _generate_kw(ids, False)
+            times = {impl: ([], []) for impl in impls}
+            for rnd in range(run.reps + 1):
+                for impl, ctx in impls.items():
+                    with ctx(model):
+                        pre, full = _generate_pair(model, ids, kw, run)
+                    if rnd:
+                        times[impl][0].append(pre)
+                        times[impl][1].append(full)
+            case, shape = f"{name} B {b}", f"B {b} prefill {run.prefill} then {run.decode} steps"
+            for impl, ctx in impls.items():
+                rows += _generation_rows(name, impl, b, *times[impl], run,
+                                         f", interleaved with {', '.join(i for i in impls if i != impl)}")
+                with ctx(model):
+                    rows.append(_decode_profile(model, ids, case, shape, impl, run))
+    finally:
+        del model
+        gc.collect()
+        if not run.dry:
+            torch.cuda.empty_cache()
     return rows
 
 
@@ -287,6 +354,14 @@ def measure(name, run, log=progress):
     mt = CONFIGS[name]["model_type"]
     liger = liger_available(run)
     rows = []
+    eager = {"hf": lambda model: _Null(), "cuprope": _Patched}
+    if liger:
+        eager["liger-rope"] = lambda model: Liger(mt)
+    try:
+        rows += eager_generate_rows(name, eager, run)
+    except torch.cuda.OutOfMemoryError as e:
+        run.note(f"{name} eager generation: out of memory ({str(e)[:80]}); rows skipped")
+    log(f"{name} eager generation")
     for impl in ("hf", "cuprope", "liger-rope"):
         if impl == "liger-rope" and not liger:
             continue
@@ -304,8 +379,8 @@ def measure(name, run, log=progress):
                 with ctx:
                     torch._dynamo.reset()
                     rows += train_rows(name, model, mode, run, profile=not compiled)
-                    if not (compiled and short):
-                        rows += generate_rows(name, model, mode, run, profile=not compiled)
+                    if compiled and not short:
+                        rows += generate_rows(name, model, mode, run)
             except torch.cuda.OutOfMemoryError as e:
                 run.note(f"{name} {mode}: out of memory ({str(e)[:80]}); rows skipped")
             finally:
@@ -322,6 +397,23 @@ class _Null:
         return self
 
     def __exit__(self, *exc):
+        return False
+
+
+class _Patched:
+    """``cuprope.torch.patch_hf(model)``, undone on exit."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def __enter__(self):
+        from cuprope import torch as ctorch
+        ctorch.patch_hf(self.model)
+        return self
+
+    def __exit__(self, *exc):
+        from cuprope import torch as ctorch
+        ctorch.unpatch_hf(self.model)
         return False
 
 

@@ -23,6 +23,10 @@
 //   SRC kKvCosSinF32 / kKvCosSinT: the caller's cos_sin_cache in float32 or T
 //                     (vLLM's rotary_embedding); a token outside it is not
 //                     written.
+// SRC kKvTablesT reads no position and no such table: the caller's [B, S, R]
+// cos and sin tables in T (rope_kernel's kSrcTable: pointers in pos_ptr and
+// seq_off_ptr, strides pos_sb, pos_ss) at the chunk's own elements, rotated
+// by rotate_table (HF's formula and roundings); one level of loads.
 #pragma once
 
 #include "kvcache.cuh"
@@ -88,6 +92,7 @@ __global__ void __launch_bounds__(kThreads, CUPROPE_MIN_BLOCKS)
     rope_decode_kernel(const RopeArgs a, const KvArgs kv) {
   using P = Pack<T, VEC>;
   using C = typename CosSinType<T, SRC != kKvCosSinT>::type;  // the table's element type
+  constexpr bool TABLES = SRC == kKvTablesT;
   constexpr int G = kCsGroup<INTERLEAVED, VEC>;  // consecutive pairs of a chunk's run
   const int npairs = static_cast<int>(a.rot_dim >> 1);
   const int rot_chunks = static_cast<int>(static_cast<unsigned>(npairs) / VEC);
@@ -106,7 +111,8 @@ __global__ void __launch_bounds__(kThreads, CUPROPE_MIN_BLOCKS)
       run >= static_cast<unsigned>(one ? a.n_batch : a.n_seq)) {
     return;
   }
-  const long long pos0 = decode_position(a, b, s);
+  long long pos0 = 0;
+  if constexpr (!TABLES) pos0 = decode_position(a, b, s);
   const bool is_k = h >= heads0;
   const long long hh = is_k ? h - heads0 : h;
   const long long in_ptr = is_k ? a.in_ptr[1] : a.in_ptr[0];
@@ -129,7 +135,16 @@ __global__ void __launch_bounds__(kThreads, CUPROPE_MIN_BLOCKS)
     const ChunkPairs<INTERLEAVED, VEC> pair_at{e0, e1};
     P x0 = load_pack<T, VEC>(in_ptr, in_off + e0), x1;
     if (two) x1 = load_pack<T, VEC>(in_ptr, in_off + e1);
-    if (rot) {
+    if constexpr (TABLES) {
+      if (rot) {
+        const long long toff = b * a.pos_sb + s * a.pos_ss;
+        const P tc[2] = {load_pack<T, VEC>(a.pos_ptr, toff + e0),
+                         load_pack<T, VEC>(a.pos_ptr, toff + e1)};
+        const P ts[2] = {load_pack<T, VEC>(a.seq_off_ptr, toff + e0),
+                         load_pack<T, VEC>(a.seq_off_ptr, toff + e1)};
+        rotate_table<T, INTERLEAVED, VEC>(x0, x1, tc, ts, a.sin_sign < 0.0);
+      }
+    } else if (rot) {
       float2 cs[VEC];
       if (in_table) {
         const long long row = pos0 * kv.cs_st;

@@ -24,8 +24,8 @@
 #include "rope.cuh"
 
 #if !defined(CUPROPE_KV_ANGLES) || !defined(CUPROPE_KV_COS_SIN_F32) ||  \
-    !defined(CUPROPE_KV_COS_SIN_T) || !defined(CUPROPE_KV_FP8_Q) ||     \
-    !defined(CUPROPE_KV_FP8_CACHE)
+    !defined(CUPROPE_KV_COS_SIN_T) || !defined(CUPROPE_KV_TABLES_T) ||  \
+    !defined(CUPROPE_KV_FP8_Q) || !defined(CUPROPE_KV_FP8_CACHE)
 #error "the CUPROPE_KV_* codes are defined by cuprope/_core/loader.py (compile_options)"
 #endif
 
@@ -35,6 +35,7 @@ namespace cuprope {
 constexpr int kKvAngles = CUPROPE_KV_ANGLES;          // RopeArgs' inv_freq (shared or per head)
 constexpr int kKvCosSinF32 = CUPROPE_KV_COS_SIN_F32;  // cos_sin_cache in float32
 constexpr int kKvCosSinT = CUPROPE_KV_COS_SIN_T;      // cos_sin_cache in the element type
+constexpr int kKvTablesT = CUPROPE_KV_TABLES_T;      // [B, S, R] cos, sin tables in T (decode rows)
 constexpr int kKvFp8Q = CUPROPE_KV_FP8_Q;             // q's output in e4m3
 constexpr int kKvFp8Cache = CUPROPE_KV_FP8_CACHE;     // the k and v caches in e4m3
 

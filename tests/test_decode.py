@@ -84,6 +84,28 @@ def test_other_launches_keep_the_general_kernel(monkeypatch, case):
     assert table.asked == 0
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_table_calls_of_few_tokens_take_the_decode_rows(dtype, interleaved):
+    """The cos/sin-table source with decode_tables (the eager table calls)
+    takes rope_decode_kernel's KV_TABLES_T with the general spec's RopeArgs
+    and no angle table; without it (the JAX lowering), with more tokens than
+    MAX_TOKENS, or with narrow packs it keeps rope_kernel."""
+    table = (8192, 16384, 128 * 4, 128)  # cos, sin, stride_b, stride_s
+    kw = dict(dtype=dtype, interleaved=interleaved, pos=None, table=table, inv_freq_ptr=0)
+    spec = _spec(4, 1, decode_tables=True, **kw)
+    general = _spec(4, 1, **kw)
+    assert spec.kernel == rope_kernels.decode_kernel_name(dtype, interleaved, loader.KV_TABLES_T)
+    assert "rope_decode_kernel" not in general.kernel and general.family == "table"
+    assert spec.params[0] == general.params[0] and spec.calls == general.calls
+    kv = np.frombuffer(spec.params[1][1], dtype=np.int64)
+    assert not kv[:3].any()
+    b = decode.MAX_TOKENS + 1
+    assert "rope_decode_kernel" not in _spec(b, 1, decode_tables=True, **kw).kernel
+    odd = dict(kw, table=(8192 + 2, 16384, 128 * 4, 128))
+    assert "rope_decode_kernel" not in _spec(4, 1, decode_tables=True, **odd).kernel
+
+
 @pytest.mark.parametrize("chunks,htot,n_batch,n_seq", [
     (8, 40, 1, 1), (8, 40, 64, 1), (8, 40, 1024, 1), (4, 3, 5, 1), (4, 3, 1, 5), (16, 40, 7, 1),
     (32, 1, 2, 1), (40, 6, 3, 1), (6, 10, 3, 3), (1, 33, 12, 1), (8, 40, 2, 300), (8, 40, 300, 2)])
@@ -173,4 +195,6 @@ def test_decode_kernel_names():
         "cuprope::rope_decode_kernel<__half, true, 8, 2>"
     with pytest.raises(ValueError, match="no rope_decode_kernel"):
         rope_kernels.decode_kernel_name("float32", False, loader.KV_COS_SIN_T)
+    assert rope_kernels.decode_kernel_name("float32", True, loader.KV_TABLES_T) == \
+        "cuprope::rope_decode_kernel<float, true, 4, 3>"
     assert loader.family_names(rope_kernels.DECODE_FAMILY)[0][0] == rope_kernels.KV_ANGLE_TABLE_KERNEL

@@ -80,10 +80,10 @@ def test_every_kvcache_instantiation_compiles(arch):
     source in float32 or the element type (20), the WIDE computed-angle ones
     at the widest packs (3 x 2 x 4 = 24), the decode rows at the widest packs
     (3 x 2 reading the angle table, as many a float32 cos_sin_cache, 2 x 2 one
-    in the 16-bit element type: 16) and the angle table's builder
-    (RopeConfig.cache_angles)."""
+    in the 16-bit element type, 3 x 2 the caller's cos/sin tables: 22) and
+    the angle table's builder (RopeConfig.cache_angles)."""
     names = _loader.all_kernel_names(entry=kv_kernels.ENTRY)
-    assert len(names) == 48 + 20 + 24 + 16 + 1
+    assert len(names) == 48 + 20 + 24 + 22 + 1
     assert sorted(kv_kernels.kv_kernel_names() + rope_kernels.decode_kernel_names()) == \
         sorted(names)
     lowered, nbytes, log = _compile(arch, names, kv_kernels.ENTRY)

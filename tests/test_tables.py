@@ -365,6 +365,56 @@ def test_subnormal_products_are_kept_like_torch(dtype):
 
 
 @gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("layout,interleaved,r,d", LAYOUT_CASES)
+@pytest.mark.parametrize("inplace", [False, True], ids=["out", "in-place"])
+def test_few_tokens_take_the_decode_rows_bit_for_bit(monkeypatch, dtype, layout, interleaved, r,
+                                                     d, inplace):
+    """A table call of few tokens (decode steps: B 5 S 1, B 3 S 4, 7 thd
+    tokens; tables per sequence and broadcast) launches the decode rows
+    (rope_decode_kernel, KV_TABLES_T): forward and backward equal the
+    general kernel's (decode.MAX_TOKENS 0) and HF's formula bit for bit."""
+    from cuprope._core import decode
+    from cuprope.rope import table_call
+    taken = []
+    real_spec = decode.spec
+
+    def spec(*a, **kw):
+        res = real_spec(*a, **kw)
+        taken.append(res is not None and "rope_decode_kernel" in res.kernel)
+        return res
+    monkeypatch.setattr(decode, "spec", spec)
+
+    def call(fn, q, k, cos, sin):
+        if inplace:
+            q, k = q.clone(), k.clone()
+            fn(q, k, cos, sin, layout=layout, interleaved=interleaved, inplace=True)
+            return q, k
+        return fn(q, k, cos, sin, layout=layout, interleaved=interleaved)
+
+    shapes = [(1, 7)] if layout == "thd" else [(5, 1), (3, 4)]
+    for (b, s), batch_tables in [(bs, bt) for bs in shapes for bt in (True, False)]:
+        q, cos, sin = _table_inputs(layout, b, s, 5, d, r, dtype, "cuda", interleaved, 60,
+                                    batch_tables=batch_tables)
+        k = _table_inputs(layout, b, s, 3, d, r, dtype, "cuda", interleaved, 61)[0]
+        for fn, backward in ((tables.rope_qk_table_forward, False),
+                             (tables.rope_qk_table_backward, True)):
+            table_call.clear_launches()
+            rows = call(fn, q, k, cos, sin)
+            assert taken and taken[-1], "the decode rows were not taken"
+            n = len(taken)
+            with monkeypatch.context() as m:
+                m.setattr(decode, "MAX_TOKENS", 0)
+                table_call.clear_launches()
+                general = call(fn, q, k, cos, sin)
+                table_call.clear_launches()
+            assert len(taken) == n  # the general call planned no decode launch
+            for got, ref, x in zip(rows, general, (q, k)):
+                assert_bitwise(got, ref)
+                assert_bitwise(got, _hf_on_layout(x, cos, sin, layout, interleaved, backward))
+
+
+@gpu
 def test_fused_qkv_slices_and_repeated_calls_take_the_same_plan():
     """Strided q/k views of one fused projection; a second call with new data
     (the cached plan) is still exact, and outputs are poisoned first."""

@@ -19,15 +19,18 @@ SEQ_SLICES = 8
 # The KV-cache dialect (kernels/kvcache.cuh): kv_rope_kernel's angle sources
 # (SRC: computed from a RopeConfig's table, or read from a cos_sin_cache in
 # float32 or in the element type) and the bits of its FP8 parameter (q's
-# output, the k/v caches in e4m3).
-KV_ANGLES, KV_COS_SIN_F32, KV_COS_SIN_T = 0, 1, 2
+# output, the k/v caches in e4m3). The decode rows take one more source:
+# KV_TABLES_T, the caller's [B, S, R] cos and sin tables in the element type
+# (rope_kernel's SRC_TABLE, HF's formula and roundings).
+KV_ANGLES, KV_COS_SIN_F32, KV_COS_SIN_T, KV_TABLES_T = 0, 1, 2, 3
 KV_FP8_Q, KV_FP8_CACHE = 1, 2
 
 CODES = {"CUPROPE_SRC_SHARED": SRC_SHARED, "CUPROPE_SRC_PER_HEAD": SRC_PER_HEAD,
          "CUPROPE_SRC_TABLE": SRC_TABLE, "CUPROPE_SEQ_SLICES": SEQ_SLICES,
          **{f"CUPROPE_ACT_{name.upper()}": code for name, code in LRPE_ACTS.items()},
          "CUPROPE_KV_ANGLES": KV_ANGLES, "CUPROPE_KV_COS_SIN_F32": KV_COS_SIN_F32,
-         "CUPROPE_KV_COS_SIN_T": KV_COS_SIN_T, "CUPROPE_KV_FP8_Q": KV_FP8_Q,
+         "CUPROPE_KV_COS_SIN_T": KV_COS_SIN_T, "CUPROPE_KV_TABLES_T": KV_TABLES_T,
+         "CUPROPE_KV_FP8_Q": KV_FP8_Q,
          "CUPROPE_KV_FP8_CACHE": KV_FP8_CACHE}
 
 # Tuning values, measured on an H200 (benchmarks/NOTES.md); any of them can be

@@ -9,8 +9,8 @@ from __future__ import annotations
 from . import decode
 from .args import ROPE_ARGS
 from .launcher import LaunchSpec
-from .loader import (ITEMSIZE, KV_ANGLES, LRPE_ACTS, SEQ_SLICES, SRC_PER_HEAD, SRC_SHARED,
-                     SRC_TABLE, tuning, vec_widths)
+from .loader import (ITEMSIZE, KV_ANGLES, KV_TABLES_T, LRPE_ACTS, SEQ_SLICES, SRC_PER_HEAD,
+                     SRC_SHARED, SRC_TABLE, tuning, vec_widths)
 from .rope_kernels import (family_of, flat_kernel_name, kernel_name, lrpe_vec_widths,
                            seq_stats_kernel_name)
 
@@ -196,7 +196,7 @@ LRPE_CALLS = (("in_ptr0", 0, 0), ("in_ptr1", 0, 0), ("out_ptr0", 1, 0), ("out_pt
 def rope_spec(*, sms, dtype, interleaved, plans, n_batch, n_seq, head_dim, rot_dim,
               copy_rest, pos, seq_off, inv_freq_ptr, freq_sh, stream_map_ptr, scale, sin_sign,
               act=0, backward_act=False, aux=None, table=None, calls=ROPE_CALLS,
-              angles=None, pdl=False) -> LaunchSpec:
+              angles=None, decode_tables=False, pdl=False) -> LaunchSpec:
     """The LaunchSpec of one rope launch over one or two tensors (q and k) on
     a GPU of ``sms`` multiprocessors (no device is touched: the JAX lowering
     plans too). Plan.run then takes ``calls``' values: ROPE_CALLS (the core,
@@ -221,6 +221,10 @@ def rope_spec(*, sms, dtype, interleaved, plans, n_batch, n_seq, head_dim, rot_d
     ((0, 0): none; ``decode.AngleSource``), called only when the launch takes
     the decode rows (``cuprope._core.decode``: few tokens, shared angles);
     None: never (the JAX lowering).
+
+    decode_tables: a launch of few tokens by the cos/sin-table source takes
+    the decode rows too (their KV_TABLES_T source: the same roundings, so
+    the same bits); False: never (the JAX lowering).
 
     pdl: a programmatic dependent launch (LaunchSpec.pdl), of the decode
     rows or of rope_kernel alike."""
@@ -266,8 +270,8 @@ def rope_spec(*, sms, dtype, interleaved, plans, n_batch, n_seq, head_dim, rot_d
         psb, pst = table[2], table[3]
     aux_strides = aux.in_strides if aux is not None else (0, 0, 0)
     tokens = n_batch * n_seq
-    decode_rows = (angles is not None and src == SRC_SHARED and not lrpe and not stream_map_ptr
-                   and decode.fits(dtype, vec, tokens))
+    decode_rows = ((angles is not None and src == SRC_SHARED or decode_tables and src == SRC_TABLE)
+                   and not lrpe and not stream_map_ptr and decode.fits(dtype, vec, tokens))
     # pointers and the offset are written per call (ROPE_CALLS, LRPE_CALLS)
     args = ROPE_ARGS.pack(
         **dict(zip(("in_sb", "in_ss", "in_sh"), zip(p0.in_strides, p1.in_strides))),
@@ -279,8 +283,9 @@ def rope_spec(*, sms, dtype, interleaved, plans, n_batch, n_seq, head_dim, rot_d
         heads_per_group=per_group, aux_sb=aux_strides[0], aux_ss=aux_strides[1],
         aux_sh=aux_strides[2], stats_plane=n_batch * heads[0] * head_dim, tok_tile=tile)
     if decode_rows:
-        ptr, n = angles()
-        spec = decode.spec(sms, dtype=dtype, interleaved=interleaved, vec=vec, src=KV_ANGLES,
+        ptr, n = angles() if src == SRC_SHARED else (0, 0)
+        spec = decode.spec(sms, dtype=dtype, interleaved=interleaved, vec=vec,
+                           src=KV_ANGLES if src == SRC_SHARED else KV_TABLES_T,
                            rope_args=args, kv=dict(cs_ptr=ptr, cs_st=rot_dim, cs_rows=n),
                            calls=calls, htot=htot, chunks=chunks, n_batch=n_batch,
                            n_seq=n_seq, pdl=pdl)

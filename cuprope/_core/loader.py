@@ -23,7 +23,7 @@ from .kernels import DTYPE_CTYPES, ITEMSIZE, all_kernel_names, family_names, vec
 # The constants and tuning values (constants.py), re-exported: the loader's
 # callers and the kernels' -D options read the same objects.
 from .constants import (CODES, KV_ANGLES, KV_COS_SIN_F32, KV_COS_SIN_T, KV_FP8_CACHE,  # noqa: F401
-                        KV_FP8_Q, LRPE_ACTS, SEQ_SLICES, SRC_PER_HEAD, SRC_SHARED, SRC_TABLE,
+                        KV_FP8_Q, KV_TABLES_T, LRPE_ACTS, SEQ_SLICES, SRC_PER_HEAD, SRC_SHARED, SRC_TABLE,
                         TUNING, TUNING_DEFAULTS, _overrides, tuning)
 
 

@@ -5,7 +5,8 @@ table's builder (kernels/kvcache.cu)."""
 from __future__ import annotations
 
 from . import kernels
-from .constants import KV_ANGLES, KV_COS_SIN_F32, KV_COS_SIN_T, LRPE_ACTS, SRC_PER_HEAD, SRC_SHARED, SRC_TABLE
+from .constants import (KV_ANGLES, KV_COS_SIN_F32, KV_COS_SIN_T, KV_TABLES_T, LRPE_ACTS,
+                        SRC_PER_HEAD, SRC_SHARED, SRC_TABLE)
 from .kernels import DTYPE_CTYPES, cbool, vec_widths
 
 ENTRY = "rope.cu"
@@ -89,19 +90,22 @@ def decode_kernel_name(dtype: str, interleaved: bool, src: int = KV_ANGLES) -> s
     """Name expression of one ``rope_decode_kernel`` instantiation (the
     widest packs of ``dtype``): ``src`` KV_ANGLES (the angle table, float64
     past it), KV_COS_SIN_F32 or KV_COS_SIN_T (a cos_sin_cache; T: 16-bit
-    dtypes only)."""
-    if src not in (KV_ANGLES, KV_COS_SIN_F32, KV_COS_SIN_T) or (
+    dtypes only), KV_TABLES_T (the caller's [B, S, R] cos/sin tables)."""
+    if src not in _DECODE_SOURCES or (
             src == KV_COS_SIN_T and dtype == "float32"):
         raise ValueError(f"no rope_decode_kernel for {dtype}, src={src!r}")
     return (f"cuprope::rope_decode_kernel<{DTYPE_CTYPES[dtype]}, {cbool(interleaved)}, "
             f"{vec_widths(dtype)[0]}, {int(src)}>")
 
 
+_DECODE_SOURCES = (KV_ANGLES, KV_COS_SIN_F32, KV_COS_SIN_T, KV_TABLES_T)
+
+
 def decode_kernel_names(family: str = DECODE_FAMILY) -> list[str]:
     """The angle table's builder and every decode rows instantiation."""
     return [KV_ANGLE_TABLE_KERNEL] + [
         decode_kernel_name(dt, il, src) for dt in DTYPE_CTYPES for il in (False, True)
-        for src in (KV_ANGLES, KV_COS_SIN_F32, KV_COS_SIN_T)
+        for src in _DECODE_SOURCES
         if not (src == KV_COS_SIN_T and dt == "float32")]
 
 

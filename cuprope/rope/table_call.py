@@ -29,6 +29,13 @@ class _TableSource:
 _SOURCES = {(lay, il): _TableSource(lay, il) for lay in LAYOUTS for il in (False, True)}
 
 
+def clear_launches():
+    """Forget every table source's plans (after a change of the tuning that
+    plans read, as the tests make)."""
+    for src in _SOURCES.values():
+        src._launches.clear()
+
+
 def table_call(xs, names, cos, sin, layout, interleaved, inverse, outs, inplace, stream):
     """The table rotation of ``xs`` (x, or q and k; their argument ``names``)
     by ``cos``/``sin`` as ``cuprope.rope.tables`` documents it, with no torch
@@ -92,6 +99,6 @@ def _gpu_backend(src, infos, out_infos, cinfo, sinfo, tstrides, r, inverse, bsd,
         plans=engine.tensor_plans(infos, out_infos, src.layout), n_batch=b, n_seq=s,
         head_dim=d, rot_dim=r, copy_rest=copy_rest, pos=None, seq_off=None, inv_freq_ptr=0,
         freq_sh=0, stream_map_ptr=0, scale=1.0, sin_sign=-1.0 if inverse else 1.0,
-        table=(cinfo.ptr, sinfo.ptr) + tstrides), device)
+        table=(cinfo.ptr, sinfo.ptr) + tstrides, decode_tables=True), device)
     return engine.run_plan(plan, src, infos, out_infos, stream_ptr, cinfo.ptr,
                            sinfo.ptr, 0, cache_key)
