@@ -27,10 +27,24 @@ def _record(dtype, err, xmax):
 
 
 def teardown_module(module):
+    """Merge this process's maxima into CUPROPE_ERR_REPORT: under pytest-xdist
+    every worker runs its own share of the tests and writes here, so each
+    takes the file's lock and keeps the larger value per dtype."""
     path = os.environ.get("CUPROPE_ERR_REPORT")
     if path and MAX_ERR:
-        with open(path, "w") as f:
-            json.dump({k: v for k, v in MAX_ERR.items()}, f, indent=1)
+        import fcntl
+        with open(path, "a+") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            f.seek(0)
+            try:
+                merged = json.loads(f.read() or "{}")
+            except ValueError:
+                merged = {}
+            for k, v in MAX_ERR.items():
+                merged[k] = max(merged.get(k, 0.0), v)
+            f.seek(0)
+            f.truncate()
+            json.dump(merged, f, indent=1)
 
 
 def tdt(dtype):
