@@ -6,7 +6,7 @@ Shapes: B = 1, 64, 256, 512, 1024 sequences, S 1, Hq 32, Hk 8, D 128, bf16,
 positions int32 below 4096 (random). Rows:
 
 * core: ``cuprope.rope_qk_forward(q, k, cfg, positions=pos, inplace=True)``
-  (at these sizes the decode rows, ``cuprope._core.decode``: cos/sin from the
+  (at these sizes the decode rows, ``cuprope.rope.decode``: cos/sin from the
   config's default angle table);
 * core+table: the same with ``cfg.cache_angles(4096)``;
 * cos_sin_cache: ``cuprope.torch.rotary_embedding`` with a float32
@@ -33,7 +33,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import cuprope  # noqa: E402
-from cuprope._core import decode  # noqa: E402
+from cuprope.rope import decode  # noqa: E402
 from cuprope.kvcache.cos_sin_cache import rotary_embedding  # noqa: E402
 import cuprope.kvcache.rotary as rotary  # noqa: E402
 from kvcache_bench import flashinfer_lines, graph_us  # noqa: E402

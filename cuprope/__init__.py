@@ -19,7 +19,7 @@ from .rope import ggml, positions, tables
 
 # Every op's kernel record (translation unit, families, name expressions),
 # registered before anything compiles or lists the kernels.
-from ._core import rope_kernels as _rope_kernels  # noqa: E402,F401
+from .rope import kernels as _rope_kernels  # noqa: E402,F401
 from .kvcache import kernels as _kvcache_kernels  # noqa: E402,F401
 from .mla import kernels as _mla_kernels  # noqa: E402,F401
 from .prologue import kernels as _prologue_kernels  # noqa: E402,F401

@@ -121,7 +121,7 @@ class RopeConfig:
         self.n_streams = n_streams
         self._device_tables = {}
         self.angle_rows = None   # cache_angles: positions with a float32 cos/sin table
-        self.angle_tables = {}  # device -> that table, or None (cuprope._core.decode.angle_table)
+        self.angle_tables = {}  # device -> that table, or None (cuprope.rope.decode.angle_table)
         self._launches = LaunchCache()  # plans and fast-path entries (cuprope._core fills them)
         self.key = next(_KEYS)  # stable integer handle (custom ops pass configs by key)
         _REGISTRY[self.key] = self
@@ -157,7 +157,7 @@ class RopeConfig:
         same bits either way.
 
         Without this call the rotation's launches of few tokens (decode:
-        ``rope_qk_forward`` and friends, ``cuprope._core.decode``) still read a
+        ``rope_qk_forward`` and friends, ``cuprope.rope.decode``) still read a
         table, of 16 MiB (``CUPROPE_ANGLE_TABLE_BYTES``: 32768 positions at
         R 128), built on the first such launch; the fused KV-cache append
         (``cuprope.kvcache.rope_append_kv``) reads one only after this call.

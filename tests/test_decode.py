@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 import cuprope
-from cuprope._core import args, decode, launch, loader
-from cuprope._core import rope_kernels
+from cuprope._core import args, loader
+from cuprope.rope import decode, launch
+from cuprope.rope import kernels as rope_kernels
 
 HQ, HK, D = 32, 8, 128
 

@@ -8,7 +8,8 @@ import struct
 import numpy as np
 import pytest
 
-from cuprope._core import args, driver, fastpath, launch, launcher
+from cuprope._core import args, driver, fastpath, launcher
+from cuprope.rope import launch
 from cuprope.qknorm import kernels as qknorm_kernels
 
 torch = pytest.importorskip("torch", reason="needs torch: pip install torch")

@@ -547,7 +547,7 @@ def test_rotary_embedding_decode_rows_equal_kv_rope_kernel(monkeypatch, dtype, n
     """rotary_embedding of few tokens takes rope_decode_kernel (checked): its
     query and key are kv_rope_kernel's bits (MAX_TOKENS 0 forces that one),
     tokens outside the cos_sin_cache untouched, for 1, 7 and 64 tokens."""
-    from cuprope._core import decode
+    from cuprope.rope import decode
     import cuprope.kvcache.launch as kl
     torch = _torch()
     names = record_results(monkeypatch, (kl, rotary_mod()), "kv_spec", lambda res: res.kernel)

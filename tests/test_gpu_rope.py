@@ -290,13 +290,14 @@ def test_per_head_token_runs(dtype, interleaved, partial, layout, pos_kind, rng)
     slack; fused q/k out of place, backward, and in place."""
     import torch
 
-    from cuprope._core import launch as _launch
+    from cuprope._core.launch import sm_count
+    from cuprope.rope import launch as _launch
     b, s, h, d = 2, 300, 3, 128
     rot = d // 2 if partial else d
     itemsize = 4 if dtype == "float32" else 2
     vec = 16 // itemsize
     chunks = rot // 2 // vec + (d - rot) // (2 * vec)
-    assert _launch.token_tile(_launch.sm_count(0), itemsize, chunks, 2 * h, b, s) > 0  # the path under test
+    assert _launch.token_tile(sm_count(0), itemsize, chunks, 2 * h, b, s) > 0  # the path under test
     table = rng.uniform(1e-3, 1.0, (h, rot // 2))
     cfg = cuprope.RopeConfig(rot, inv_freq=table, interleaved=interleaved, layout=layout,
                              scale=0.75)
@@ -545,7 +546,7 @@ def _cupy_nan_like(a):
 
 def _count_general_path(monkeypatch):
     """List that grows by one per call reaching the general GPU backend."""
-    from cuprope._core import engine
+    from cuprope.rope import engine
     calls = []
     real = engine._gpu_rope
 
@@ -734,7 +735,7 @@ def test_decode_rows_equal_the_general_path_bit_for_bit(monkeypatch, dtype, inte
     """GQA q/k of 5 tokens (B 5, S 1), 7 (thd) and 12 (B 3, S 4), positions
     on both sides of a 96-row table: the decode rows (checked to be taken)
     give the general kernel's bits and match the float64 reference."""
-    from cuprope._core import decode
+    from cuprope.rope import decode
     taken = []
     real_spec = decode.spec
 
@@ -770,7 +771,7 @@ def test_decode_rows_default_table_and_none(dtype, rng):
     (CUPROPE_ANGLE_TABLE_BYTES of float32 rows, once per config and device);
     cache_angles(0) leaves none (every angle computed): same bits, and a
     table row equals the float64 reference's cos/sin."""
-    from cuprope._core import decode
+    from cuprope.rope import decode
     q, k, pos = _decode_inputs("bshd", 9, 1, 4, 4, 128, dtype, 40000, rng)
     cfg = cuprope.RopeConfig(128, base=1e6)
     a = _decode_call(q, k, cfg, pos, False, True)
@@ -837,7 +838,7 @@ def test_decode_rows_without_room_for_the_table(monkeypatch, rng):
     """No device memory for the angle table: one warning, every angle
     computed (the same bits), and the launch is kept (no retry per call)."""
     import cupy
-    from cuprope._core import decode
+    from cuprope.rope import decode
     q, k, pos = _decode_inputs("bshd", 6, 1, 8, 2, 128, "bfloat16", 30000, rng)
     ref = _decode_call(q, k, cuprope.RopeConfig(128), pos, False, False)
     real_empty = cupy.empty

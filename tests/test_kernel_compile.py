@@ -8,7 +8,7 @@ import pytest
 import cuprope
 from cuprope._core import args as _args
 from cuprope._core import loader as _loader
-from cuprope._core import rope_kernels
+from cuprope.rope import kernels as rope_kernels
 from cuprope.kvcache import kernels as kv_kernels
 from cuprope.mla import kernels as mla_kernels
 from cuprope.prologue import kernels as prologue_kernels
@@ -134,7 +134,7 @@ def test_host_and_kernels_read_one_set_of_constants():
     """loader.py owns every constant the kernels share with the host: the
     kernels get them as -D options (no header defines a default), and the
     host's values are the very same ones."""
-    from cuprope._core import launch
+    from cuprope.rope import launch
     d = _defines()
     for size, bits in ((2, 16), (4, 32)):
         assert d[f"CUPROPE_STAGES{bits}"] == str(launch.STAGES[size])
@@ -163,7 +163,8 @@ def test_tuning_override_reaches_kernels_and_host():
     the host's values alike (a fresh process: both are read at import)."""
     import subprocess
     import sys
-    code = ("from cuprope._core import launch, loader; from cuprope.qknorm import launch as ql; "
+    code = ("from cuprope._core import loader; from cuprope.rope import launch; "
+            "from cuprope.qknorm import launch as ql; "
             "o = loader.compile_options(); "
             "print('-DCUPROPE_STAGES16=2' in o, '-DCUPROPE_RUN32=8' in o, '-DCUPROPE_X' in o, "
             "'-DCUPROPE_QKNORM_WARPS=4' in o, launch.STAGES[2], launch.RUNS[4], ql.WARPS, "
@@ -208,7 +209,7 @@ def test_a_tuning_value_the_kernels_cannot_take_stops_the_compile(bad, says):
 def test_ring_rules_agree_with_the_host():
     """The host sizes each block's shared memory by the same rule the kernel
     uses to pick the instantiations that load through a ring."""
-    from cuprope._core import launch
+    from cuprope.rope import launch
     src = "".join(_loader.kernel_sources().values())
     for size in (2, 4):
         assert launch.ring_stages(size, 16 // size, _loader.SRC_SHARED) == launch.STAGES[size]
@@ -235,7 +236,7 @@ def test_ring_rules_agree_with_the_host():
 def test_token_tiles(monkeypatch):
     """Token runs need a full run per lane (else 0: heads per warp); a tile is
     1, 2 or 4 runs, fewer when the grid would otherwise be thin."""
-    from cuprope._core import launch
+    from cuprope.rope import launch
     if not launch.TOKEN_RUNS:
         pytest.skip("token runs off (tuning run)")
     run16 = 4 * launch.RUNS[2]  # bf16 D 128: 8 chunks, 4 rows per warp step
@@ -256,7 +257,7 @@ def test_token_tiles(monkeypatch):
 def test_steps_cap_grows_with_the_prologue():
     """The shared source's per-warp cos/sin work grows with R and with a stream
     map, and the most steps a warp takes with it; other sources keep theirs."""
-    from cuprope._core import launch
+    from cuprope.rope import launch
     base = launch.MAX_STEPS[_loader.SRC_SHARED]
     if not base:
         pytest.skip("no cap (tuning run)")
@@ -547,7 +548,7 @@ def test_every_kernel_bound_is_the_block_its_host_launches(tuned):
     QK-norm kernel, its flat entries and the prologue (launched with the
     QK-norm geometry) take 32 x CUPROPE_QKNORM_WARPS. Checked at the
     defaults and at other values of both."""
-    from cuprope._core import decode, launch
+    from cuprope.rope import decode, launch
     from cuprope.mla import launch as mla_launch
     from cuprope.qknorm import launch as qk_launch
     opts = list(_loader.compile_options() + _args.flat_defines())

@@ -6,8 +6,9 @@ import struct
 
 import pytest
 
-from cuprope._core import args, launch, launcher, loader
-from cuprope._core import rope_kernels
+from cuprope._core import args, launcher, loader
+from cuprope.rope import kernels as rope_kernels
+from cuprope.rope import launch
 from cuprope.qknorm import kernels as qknorm_kernels
 
 

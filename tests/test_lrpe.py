@@ -9,7 +9,7 @@ import pytest
 
 from cuprope import lrpe, reference
 from cuprope._core import loader as _loader
-from cuprope._core import rope_kernels
+from cuprope.rope import kernels as rope_kernels
 
 B, N, H, D = 2, 5, 3, 8
 P = D // 2

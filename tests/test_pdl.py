@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 import cuprope
-from cuprope._core import args, decode, driver, fastpath, launch, launcher, loader
+from cuprope._core import args, driver, fastpath, launcher, loader
+from cuprope.rope import decode, launch
 
 torch = pytest.importorskip("torch", reason="needs torch: pip install torch")
 import cuprope.torch  # noqa: E402 (after the skip: needs torch)

@@ -374,7 +374,7 @@ def test_few_tokens_take_the_decode_rows_bit_for_bit(monkeypatch, dtype, layout,
     tokens; tables per sequence and broadcast) launches the decode rows
     (rope_decode_kernel, KV_TABLES_T): forward and backward equal the
     general kernel's (decode.MAX_TOKENS 0) and HF's formula bit for bit."""
-    from cuprope._core import decode
+    from cuprope.rope import decode
     from cuprope.rope import table_call
     taken = []
     real_spec = decode.spec

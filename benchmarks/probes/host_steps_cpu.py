@@ -20,7 +20,8 @@ import numpy as np
 import torch
 
 import cuprope
-from cuprope._core import args, driver, fastpath, launch, launcher
+from cuprope._core import args, driver, fastpath, launcher
+from cuprope.rope import launch
 
 N = 20000
 

@@ -76,7 +76,7 @@ TUNING_DEFAULTS = {
     "CUPROPE_MAX_STEPS": 3, "CUPROPE_MAX_STEPS_TABLE": 5,
     # token runs on (1) or off (0), and a fixed token tile (0: chosen per shape; host only)
     "CUPROPE_TOKEN_RUNS": 1, "CUPROPE_TOKEN_TILE": 0,
-    # the decode rows (kernels/decode.cuh; host only, cuprope/_core/decode.py):
+    # the decode rows (kernels/decode.cuh; host only, cuprope/rope/decode.py):
     # the most tokens a launch has to take them (0: never), the most tokens
     # (a warp each at D 128) per block, and the bytes of a config's angle
     # table when cache_angles was not called (16 MiB: 32768 positions at R 128)

@@ -194,7 +194,7 @@ def fast_key(kind, xs, config, inverse, idx1, idx2, outs, inplace, stream, pdl=F
 
 
 def remember_rope(owner, tkt, plan, infos, out_infos):
-    """Register a core plan that has just launched (engine.run_plan)."""
+    """Register a core plan that has just launched (cuprope.rope.engine.run_plan)."""
     if tkt is not None:
         remember(owner._launches.fast, tkt,
                  [span(i) for i in infos] + [span(o) for o in out_infos], plan)

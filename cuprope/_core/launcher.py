@@ -215,14 +215,15 @@ def cached_plan(cache, key, spec_of, device):
 @dataclasses.dataclass(frozen=True)
 class FlatCall:
     """A LaunchSpec as one flat kernel call (jaxlib's GPU kernel call):
-    ``name`` (the flat entry's name expression), ``grid``, ``warps`` per
-    block, ``smem``, ``params`` (("array", align) or ("scalar", value, kind)
+    ``name`` (the flat entry's name expression), ``family`` (the kernel
+    family whose translation unit holds it), ``grid``, ``warps`` per block, ``smem``, ``params`` (("array", align) or ("scalar", value, kind)
     in the entry's parameter order), ``operands`` (what each array
     parameter that is not a result reads, in order: ("operand", i),
     ("constant", host table) or ("part",), an earlier call's scratch result)
     and ``results`` ((shape, dtype) in order)."""
 
     name: str
+    family: str
     grid: tuple
     warps: int
     smem: int
@@ -266,5 +267,6 @@ def flat_call(spec, sources, align=None, fixed=None, results=()) -> FlatCall:
         params.append(("array", int(align.get(role, 0))))
         if not isinstance(src, str):
             refs.append(src)
-    return FlatCall(spec.flat or spec.kernel, spec.grid, spec.block[0] * spec.block[1] // 32,
-                    spec.smem, tuple(params), tuple(refs), tuple(results))
+    return FlatCall(spec.flat or spec.kernel, spec.family, spec.grid,
+                    spec.block[0] * spec.block[1] // 32, spec.smem, tuple(params), tuple(refs),
+                    tuple(results))

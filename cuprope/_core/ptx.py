@@ -14,7 +14,7 @@ import os
 import threading
 from pathlib import Path
 
-from . import args, loader, rope_kernels
+from . import args, loader
 
 _LOCK = threading.Lock()
 _MEMORY: dict = {}
@@ -53,13 +53,14 @@ def options(arch: int) -> list[str]:
             + [f"-I{d}" for d in _include_dirs()])
 
 
-def compile_ptx(name: str, arch: int) -> tuple[str, str]:
+def compile_ptx(name: str, arch: int, entry: str) -> tuple[str, str]:
     """(PTX text, lowered entry name) of the instantiation ``name`` (a name
-    expression such as ``cuprope::rope_flat_kernel<float, false, 4, 0>``)."""
+    expression such as ``cuprope::rope_flat_kernel<float, false, 4, 0>``) of
+    the translation unit ``entry`` (a kernel record's, e.g. ``rope.cu``)."""
     from cupy_backends.cuda.libs import nvrtc
 
     opts = options(arch)
-    key = hashlib.sha256("\0".join([name, str(arch), str(nvrtc.getVersion())] + opts)
+    key = hashlib.sha256("\0".join([entry, name, str(arch), str(nvrtc.getVersion())] + opts)
                          .encode()).hexdigest()[:32]
     with _LOCK:
         hit = _MEMORY.get(key)
@@ -71,8 +72,8 @@ def compile_ptx(name: str, arch: int) -> tuple[str, str]:
             lowered, _, ptx = text.partition("\n")
             _MEMORY[key] = (ptx, lowered)
             return ptx, lowered
-        src = loader.kernel_sources()[rope_kernels.ENTRY]
-        prog = nvrtc.createProgram(src, rope_kernels.ENTRY, [], [])
+        src = loader.kernel_sources()[entry]
+        prog = nvrtc.createProgram(src, entry, [], [])
         try:
             nvrtc.addNameExpression(prog, name)
             try:

@@ -2,13 +2,13 @@
 unit of its own): computed angles with every fp8 combination, and the
 cos_sin_cache source (no fp8). Widths: the widest and 1 (any alignment).
 The decode rows, compiled from the same unit, are the core's
-(``_core.rope_kernels``)."""
+(``cuprope.rope.kernels``)."""
 from __future__ import annotations
 
 from .._core import kernels
 from .._core.constants import KV_ANGLES, KV_COS_SIN_F32, KV_COS_SIN_T
 from .._core.kernels import DTYPE_CTYPES, cbool
-from .._core.rope_kernels import lrpe_vec_widths
+from ..rope.kernels import lrpe_vec_widths
 
 ENTRY = "kvcache.cu"
 # computed angles; the cos_sin_cache sources; the computed angles' WIDE

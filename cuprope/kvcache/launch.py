@@ -4,11 +4,13 @@ rows) and the two argument structs (``kv_spec``), packed per call.
 """
 from __future__ import annotations
 
-from .._core import decode, launcher
+from .._core import launcher
 from .._core.args import KV_ARGS, ROPE_ARGS
-from .._core.launch import MAX_STEPS, grid_for, sm_count
+from .._core.launch import grid_for, sm_count
 from .._core.loader import ITEMSIZE, KV_ANGLES, SRC_SHARED, tuning
-from .._core.rope_kernels import lrpe_vec_widths
+from ..rope import decode
+from ..rope.kernels import lrpe_vec_widths
+from ..rope.launch import MAX_STEPS
 from .kernels import kv_family_of, kv_kernel_name
 
 
@@ -97,7 +99,7 @@ def kv_spec(device, *, dtype, interleaved, vec, src, fp8, rope, kv, calls=(), pd
 
 def angle_table(config, device):
     """The float32 ``[config.angle_rows, R]`` angle table of ``config`` on
-    ``device`` (RopeConfig.cache_angles; ``cuprope._core.decode.angle_table``
+    ``device`` (RopeConfig.cache_angles; ``cuprope.rope.decode.angle_table``
     builds it on first use and keeps it); None when ``cache_angles`` was not
     called (or with 0), or the config's angles are not shared (per-head
     tables, multi-stream maps)."""

@@ -14,13 +14,14 @@ import numpy as np
 from .._core import engine, host, validate
 from .._core.arrays import describe, empty_like, wrap_like
 from .._core.cache import ConfigCache
-from .._core.launch import LRPE_CALLS, TensorPlan, pick_vec, rope_spec, sm_count
+from .._core.launch import TensorPlan, pick_vec, sm_count
 from .._core import launcher
 from .._core.launcher import on_device
 from .._core.layout import canon_sizes, canon_strides
 from .._core.loader import LRPE_ACTS
-from .._core.rope_kernels import lrpe_vec_widths
 from .._core.torch_guard import engaged
+from ..rope.kernels import lrpe_vec_widths
+from ..rope.launch import LRPE_CALLS, rope_spec
 from ..config import RopeConfig, host_array
 from .reference import ACTS, activation, backward_reference, forward_reference, rotate
 

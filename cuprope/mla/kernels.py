@@ -7,7 +7,7 @@ from __future__ import annotations
 from .._core import kernels
 from .._core.args import ArgStruct
 from .._core.kernels import DTYPE_CTYPES, cbool
-from .._core.rope_kernels import lrpe_vec_widths
+from ..rope.kernels import lrpe_vec_widths
 
 ENTRY = "mla.cu"
 FAMILY = "mla"

@@ -12,7 +12,7 @@ from .._core import launcher
 from .._core.args import KV_ARGS, ROPE_ARGS
 from .._core.launch import sm_count
 from .._core.loader import tuning
-from .._core.rope_kernels import lrpe_vec_widths
+from ..rope.kernels import lrpe_vec_widths
 from .kernels import FAMILY as MLA_FAMILY, MLA_ARGS, mla_kernel_name
 
 THREADS = tuning("CUPROPE_THREADS")  # the kernel's bound (kThreads)

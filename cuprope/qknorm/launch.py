@@ -13,6 +13,7 @@ from . import kernels
 from .._core.launch import SMEM_LIMIT, TensorPlan, pick_vec
 from .._core.launcher import LaunchSpec
 from .._core.layout import canon_sizes, canon_strides
+from ..rope.engine import position_fields
 
 QKNORM_ARGS = kernels.QKNORM_ARGS  # struct QkNormArgs: a RopeArgs, then the norm's fields
 W_DTYPE = {"float32": 0, "float16": 1, "bfloat16": 2}  # QkNormArgs.w_dtype
@@ -207,7 +208,7 @@ def struct_fields(call, ins, out_infos, geo, *, inv_freq_ptr, stream_map_ptr, pa
     q, k (forward) or grad_q, grad_k (backward), ``out_infos`` their outputs;
     the pointers are the infos' own (0 for avals: XLA passes the buffers)."""
     cfg, lay = call.config, call.layout
-    pos = engine.position_fields(cfg, call.pos_info) or (0, 0, 0, 0)
+    pos = position_fields(cfg, call.pos_info) or (0, 0, 0, 0)
     fields = dict(
         in_ptr=[i.ptr for i in ins], out_ptr=[o.ptr for o in out_infos],
         heads=[canon_sizes(i.shape, lay)[2] for i in ins], n_batch=call.b, n_seq=call.s,

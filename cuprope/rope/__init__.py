@@ -4,6 +4,8 @@ caller's cos/sin tables (``cuprope.tables``; ``table_call`` runs beneath
 it); ``ggml``, ggml's rope op (``cuprope.ggml``); ``positions``, packed and
 context-parallel positions (``cuprope.positions``); ``torch`` and ``jax``,
 the adapters (re-exported by :mod:`cuprope.torch` / :mod:`cuprope.jax`; the
-JAX primitive serves LRPE's rotate-1d too). Their float64 reference is
-:mod:`cuprope.reference`.
+JAX primitive serves LRPE's rotate-1d too). Beneath them: ``engine`` (the
+call), ``launch`` and ``decode`` (the launch as data; few tokens),
+``kernels`` (the kernel record) and ``xla`` (the CUDA lowering). Their
+float64 reference is :mod:`cuprope.reference`.
 """

@@ -7,7 +7,7 @@ and the PyTorch rules are in :func:`rope_forward`'s docstring.
 """
 from __future__ import annotations
 
-from .._core.engine import rope_call
+from .engine import rope_call
 from .._core.torch_guard import engaged
 from .._core.validate import pair
 from ..config import RopeConfig

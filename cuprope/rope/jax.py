@@ -14,9 +14,9 @@ import numpy as np
 from jax.extend.core import Primitive
 from jax.interpreters import batching, mlir
 
-from . import api, tables
+from . import api, tables, xla
 from ..lrpe import api as lrpe
-from .._core import jax_sharding, xla
+from .._core import jax_sharding
 from .._core.jax_common import (NOT_MAPPED, batch_size_and_front, host_lowering, map_each,
                                 static_offset, zero_cotangent)
 from ..config import RopeConfig, config_by_key

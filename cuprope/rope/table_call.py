@@ -12,9 +12,11 @@ from .. import reference
 from .._core import engine, fastpath, host, validate
 from .._core.arrays import describe, overlaps
 from .._core import launcher
-from .._core.launch import rope_spec, sm_count
+from .._core.launch import sm_count
 from .._core.layout import to_canon
 from ..config import LAYOUTS, LaunchCache
+from .engine import run_plan
+from .launch import rope_spec
 
 
 class _TableSource:
@@ -100,5 +102,5 @@ def _gpu_backend(src, infos, out_infos, cinfo, sinfo, tstrides, r, inverse, bsd,
         head_dim=d, rot_dim=r, copy_rest=copy_rest, pos=None, seq_off=None, inv_freq_ptr=0,
         freq_sh=0, stream_map_ptr=0, scale=1.0, sin_sign=-1.0 if inverse else 1.0,
         table=(cinfo.ptr, sinfo.ptr) + tstrides, decode_tables=True), device)
-    return engine.run_plan(plan, src, infos, out_infos, stream_ptr, cinfo.ptr,
+    return run_plan(plan, src, infos, out_infos, stream_ptr, cinfo.ptr,
                            sinfo.ptr, 0, cache_key)

@@ -12,7 +12,7 @@ from typing import Optional
 import torch
 
 from .._core import torch_route
-from .._core.engine import rope_call
+from .engine import rope_call
 from .._core.torch_guard import engaged
 from .._core.validate import check_flag
 from ..config import RopeConfig, config_by_key

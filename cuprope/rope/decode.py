@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import warnings
 
-from . import driver
-from .args import KV_ARGS, TABLE_ARGS, ROPE_ARGS
-from .launcher import LaunchSpec, plan
-from .loader import ITEMSIZE, KV_COS_SIN_T, tuning, vec_widths
-from .rope_kernels import DECODE_FAMILY, KV_ANGLE_TABLE_KERNEL, decode_kernel_name
+from .._core import driver
+from .._core.args import KV_ARGS, TABLE_ARGS, ROPE_ARGS
+from .._core.launcher import LaunchSpec, plan
+from .._core.loader import ITEMSIZE, KV_COS_SIN_T, tuning, vec_widths
+from .kernels import DECODE_FAMILY, KV_ANGLE_TABLE_KERNEL, decode_kernel_name
 
 FAMILY = DECODE_FAMILY
 # Read per launch plan (tests and benchmarks set them): the most tokens a

@@ -1,13 +1,13 @@
-"""The kernel records of the launches ``_core`` states itself (launch.py,
-decode.py): rope_kernel's plain and LRPE families and the sequence-softmax
-statistics pass (kernels/rope.cu), and the decode rows with the angle
-table's builder (kernels/kvcache.cu)."""
+"""The rotation's kernel records (its launches: ``launch.py``,
+``decode.py``): rope_kernel's plain and LRPE families and the
+sequence-softmax statistics pass (kernels/rope.cu), and the decode rows with
+the angle table's builder (kernels/kvcache.cu)."""
 from __future__ import annotations
 
-from . import kernels
-from .constants import (KV_ANGLES, KV_COS_SIN_F32, KV_COS_SIN_T, KV_TABLES_T, LRPE_ACTS,
-                        SRC_PER_HEAD, SRC_SHARED, SRC_TABLE)
-from .kernels import DTYPE_CTYPES, cbool, vec_widths
+from .._core import kernels
+from .._core.constants import (KV_ANGLES, KV_COS_SIN_F32, KV_COS_SIN_T, KV_TABLES_T, LRPE_ACTS,
+                                SRC_PER_HEAD, SRC_SHARED, SRC_TABLE)
+from .._core.kernels import DTYPE_CTYPES, cbool, vec_widths
 
 ENTRY = "rope.cu"
 
