@@ -1,7 +1,7 @@
 // Kernel arguments, passed by value as one struct to every kernel. Every
 // field is 8 bytes so the host's packing has the same layout with no padding
 // rules involved. Strides are in elements. In a file of its own because the
-// host mirrors it field by field (cuprope/_core/launch.py ARGS_FIELDS; a test
+// host mirrors it field by field (ROPE_ARGS in cuprope/_core/args.py; a test
 // compares the two): a change here goes with one there.
 #pragma once
 

@@ -1,8 +1,9 @@
 // Decode rows: the rotation of a launch of few tokens (decode steps), where
 // one thread's chain of dependent instructions is the launch's time
-// (measured on an H200). The core's rope_qk_forward and
-// rotary_embedding take it (cuprope/_core/decode.py); its arithmetic is
-// theirs (rotate_chunk, scaled_cos_sin), so the results are the same bits.
+// (measured on an H200). The core's rope_qk_forward, the cos/sin-table
+// calls and rotary_embedding take it for few tokens; its arithmetic is
+// theirs (rotate_chunk, rotate_table, scaled_cos_sin), so the results are
+// the same bits.
 //
 // Work: grid (gx, head groups, gz), block (cx, hy, tz): thread (x, y, z) of
 // block (i, j, k) owns chunks x, x + cx, ... (ChunkGeometry) of head j·hy + y

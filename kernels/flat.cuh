@@ -1,6 +1,6 @@
 // Flat entry points: each rope_kernel instantiation with one 8-byte parameter
 // per RopeArgs word instead of the struct, for launchers that pass flat
-// pointer/scalar parameters (jaxlib's GPU kernel call; cuprope/rope/jax.py).
+// pointer/scalar parameters (jaxlib's GPU kernel call; cuprope/_core/xla.py).
 //
 // The parameter list and the order in which the words rebuild the struct are
 // not written here: cuprope/_core/args.py generates them from the struct's

@@ -1,8 +1,8 @@
 """LRPE rotate-1d (RoPE after an activation, per-head θ and an offset):
 ``rotate_1d_forward`` / ``rotate_1d_backward`` and ``normalize_theta``
 (``api``; shapes and semantics in their docstrings) and the float64
-reference (``reference``). Its JAX adapter (``cuprope.jax.rotate_1d``)
-shares the rotation primitive of :mod:`cuprope.rope.jax`; torch tensors that
+reference (``reference``). Its JAX adapter (``jax``: ``cuprope.jax.rotate_1d``)
+binds the rotation primitive of :mod:`cuprope.rope.jax`; torch tensors that
 require grad raise a TypeError (it has no autograd adapter).
 """
 from .api import (ACTS, DIMS, activation, backward_reference, forward_reference,

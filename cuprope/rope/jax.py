@@ -1,8 +1,8 @@
-"""JAX adapter of the rotation family (RoPE, cos/sin tables, LRPE's
-rotate-1d) as one XLA primitive, inside ``jax.jit``, ``jax.grad``,
-``jax.vmap`` and sharding (re-exported by :mod:`cuprope.jax`). What every
-function shares (differentiation, vmap, sharding, static arguments, the
-lowering) is in :func:`rope`'s docstring.
+"""JAX adapter of the rotation family (RoPE, cos/sin tables; LRPE's
+rotate-1d from :mod:`cuprope.lrpe.jax`) as one XLA primitive, inside
+``jax.jit``, ``jax.grad``, ``jax.vmap`` and sharding (re-exported by
+:mod:`cuprope.jax`). What every function shares (differentiation, vmap,
+sharding, static arguments, the lowering) is in :func:`rope`'s docstring.
 """
 from __future__ import annotations
 
@@ -15,13 +15,12 @@ from jax.extend.core import Primitive
 from jax.interpreters import batching, mlir
 
 from . import api, tables, xla
-from ..lrpe import api as lrpe
 from .._core import jax_sharding
 from .._core.jax_common import (NOT_MAPPED, batch_size_and_front, host_lowering, map_each,
                                 static_offset, zero_cotangent)
 from ..config import RopeConfig, config_by_key
 
-__all__ = ["rope", "rope_qk", "rope_table", "rope_qk_table", "rotate_1d"]
+__all__ = ["rope", "rope_qk", "rope_table", "rope_qk_table", "Call", "apply", "HOST_CALLS"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,6 +63,12 @@ rope_p.def_abstract_eval(lambda *args, call: [a.update(weak_type=False) for a in
 rope_p.def_impl(lambda *args, call: jax.jit(functools.partial(rope_p.bind, call=call))(*args))
 
 
+# The NumPy backends of the kinds other front ends bind the primitive with
+# (kind -> fn(call, rotated tensors, other operands)): "lrpe", registered by
+# cuprope.lrpe.jax.
+HOST_CALLS: dict = {}
+
+
 def _host_call(call: Call, *args):
     """The call on NumPy arrays: cuprope's NumPy backend (CPU lowering)."""
     xs, rest = list(args[:call.n]), list(args[call.n:])
@@ -79,13 +84,8 @@ def _host_call(call: Call, *args):
             if call.n == 2 else (tables.rope_table_backward if call.inverse
                                  else tables.rope_table_forward)
         res = fn(*xs, rest[0], rest[1], layout=call.layout, interleaved=call.interleaved)
-    elif call.inverse:
-        res = lrpe.rotate_1d_backward(rest[0] if call.has_x else None, xs[0],
-                                      xla.theta_table(call), offset=call.offset, act=call.act,
-                                      dim=call.dim)
     else:
-        res = lrpe.rotate_1d_forward(xs[0], xla.theta_table(call), offset=call.offset,
-                                     act=call.act, dim=call.dim)
+        res = HOST_CALLS[call.kind](call, xs, rest)
     return tuple(np.asarray(r) for r in (res if isinstance(res, tuple) else (res,)))
 
 
@@ -148,7 +148,9 @@ def _bind(call, xs, extras):
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _apply(call, xs, extras):
+def apply(call, xs, extras):
+    """The primitive on ``xs`` (the rotated tensors) and ``extras`` (the
+    other operands) for the static ``call``, differentiable in ``xs``."""
     return _bind(call, xs, extras)
 
 
@@ -165,7 +167,7 @@ def _apply_bwd(call, res, grads):
     return dxs, tuple(zero_cotangent(e) for e in extras)
 
 
-_apply.defvjp(_apply_fwd, _apply_bwd)
+apply.defvjp(_apply_fwd, _apply_bwd)
 
 
 # ---------------------------------------------------------------- public
@@ -176,7 +178,7 @@ def _rope_call(config, xs, positions, offset, seq_offsets):
     call = Call("rope", len(xs), layout=config.layout, key=config.key, offset=static_offset(offset),
                 has_pos=positions is not None, has_seq=seq_offsets is not None)
     extras = tuple(e for e in (positions, seq_offsets) if e is not None)
-    return _apply(call, tuple(xs), extras)
+    return apply(call, tuple(xs), extras)
 
 
 def rope(x, config: RopeConfig, *, positions=None, offset: int = 0, seq_offsets=None):
@@ -250,7 +252,7 @@ def rope_qk(q, k, config: RopeConfig, *, positions=None, offset: int = 0, seq_of
 
 def _table_call(xs, cos, sin, layout, interleaved):
     call = Call("table", len(xs), layout=layout, interleaved=bool(interleaved))
-    return _apply(call, tuple(xs), (cos, sin))
+    return apply(call, tuple(xs), (cos, sin))
 
 
 def rope_table(x, cos, sin, *, layout: str = "bshd", interleaved: bool = False):
@@ -296,48 +298,3 @@ def rope_qk_table(q, k, cos, sin, *, layout: str = "bshd", interleaved: bool = F
         ``(q_rot, k_rot)``.
     """
     return _table_call((q, k), cos, sin, layout, interleaved)
-
-
-def rotate_1d(x, theta, *, offset: int = 0, act: str = "none", dim=None):
-    """LRPE rotate-1d: ``rotate(act(x, dim))``, as
-    :func:`cuprope.lrpe.rotate_1d_forward`.
-
-    Parameters
-    ----------
-    x : jax.Array
-        ``[B, N, H, D]`` or ``[B, N, D]``; float32, float16 or bfloat16.
-    theta : array-like
-        Concrete (a NumPy array or list; a tracer is a TypeError): its
-        table is fixed when the call is traced. Shapes as
-        :func:`cuprope.lrpe.normalize_theta` takes them. Static.
-    offset : int
-        Static.
-    act : str
-        One of ``cuprope.lrpe.ACTS``. Static.
-    dim : {None, -1, 1}
-        The softmax's axis: the head dim (-1) or the sequence (1). Static.
-        Softmax over the sequence lowers to two kernel calls on a GPU: its
-        statistics pass, then the rotation.
-
-    Returns
-    -------
-    jax.Array
-        x's shape and dtype. Gradients, vmap, sharding and lowering as
-        :func:`rope`.
-    """
-    if isinstance(theta, jax.core.Tracer):
-        raise TypeError("theta must be concrete under jax (a NumPy array or list): its table "
-                        "is fixed when the call is traced")
-    if x.ndim not in (3, 4):
-        raise ValueError(f"x must be [B, N, H, D] or [B, N, D], got shape {tuple(x.shape)}")
-    heads = x.shape[2] if x.ndim == 4 else 1
-    theta2 = lrpe.normalize_theta(np.asarray(theta), heads, x.shape[-1])
-    if act not in lrpe.ACTS:
-        raise ValueError(f"act must be one of {lrpe.ACTS}, got {act!r}")
-    if dim not in (None, -1, 1):
-        raise ValueError(f"dim must be None, -1 (the head dim) or 1 (the sequence dim), "
-                         f"got {dim!r}")
-    call = Call("lrpe", 1, layout="bshd" if x.ndim == 4 else "bsd", offset=static_offset(offset),
-                theta=(theta2.shape[0], theta2.tobytes()), act=act,
-                dim=None if dim is None else int(dim))
-    return _apply(call, (x,), ())[0]
