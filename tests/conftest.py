@@ -30,6 +30,22 @@ GPU_TESTS = [
 
 
 @pytest.fixture
+def decode_taken(monkeypatch):
+    """A list that gets, per launch planned for few tokens, whether the
+    decode rows took it (``cuprope.rope.decode.spec`` watched)."""
+    from cuprope.rope import decode
+    taken = []
+    real_spec = decode.spec
+
+    def spec(*a, **kw):
+        res = real_spec(*a, **kw)
+        taken.append(res is not None and "rope_decode_kernel" in res.kernel)
+        return res
+    monkeypatch.setattr(decode, "spec", spec)
+    return taken
+
+
+@pytest.fixture
 def rng(request):
     # A different but reproducible stream per test.
     seed = zlib.crc32(request.node.nodeid.encode())

@@ -730,20 +730,14 @@ DECODE_DIMS = [(128, 128), (128, 64), (64, 64), (80, 48), (256, 256), (136, 128)
 @pytest.mark.parametrize("d,rot", DECODE_DIMS, ids=[f"D{d}R{r}" for d, r in DECODE_DIMS])
 @pytest.mark.parametrize("interleaved", [False, True], ids=["half", "interleaved"])
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_decode_rows_equal_the_general_path_bit_for_bit(monkeypatch, dtype, interleaved, d, rot,
-                                                        inplace, inverse, rng):
+def test_decode_rows_equal_the_general_path_bit_for_bit(monkeypatch, decode_taken, dtype,
+                                                        interleaved, d, rot, inplace, inverse,
+                                                        rng):
     """GQA q/k of 5 tokens (B 5, S 1), 7 (thd) and 12 (B 3, S 4), positions
     on both sides of a 96-row table: the decode rows (checked to be taken)
     give the general kernel's bits and match the float64 reference."""
     from cuprope.rope import decode
-    taken = []
-    real_spec = decode.spec
-
-    def spec(*a, **kw):
-        res = real_spec(*a, **kw)
-        taken.append(res is not None and "rope_decode_kernel" in res.kernel)
-        return res
-    monkeypatch.setattr(decode, "spec", spec)
+    taken = decode_taken
     hq, hk = 8, 2
     for layout, b, s in DECODE_SHAPES:
         def config():

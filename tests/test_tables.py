@@ -368,22 +368,15 @@ def test_subnormal_products_are_kept_like_torch(dtype):
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("layout,interleaved,r,d", LAYOUT_CASES)
 @pytest.mark.parametrize("inplace", [False, True], ids=["out", "in-place"])
-def test_few_tokens_take_the_decode_rows_bit_for_bit(monkeypatch, dtype, layout, interleaved, r,
-                                                     d, inplace):
+def test_few_tokens_take_the_decode_rows_bit_for_bit(monkeypatch, decode_taken, dtype, layout,
+                                                     interleaved, r, d, inplace):
     """A table call of few tokens (decode steps: B 5 S 1, B 3 S 4, 7 thd
     tokens; tables per sequence and broadcast) launches the decode rows
     (rope_decode_kernel, KV_TABLES_T): forward and backward equal the
     general kernel's (decode.MAX_TOKENS 0) and HF's formula bit for bit."""
     from cuprope.rope import decode
     from cuprope.rope import table_call
-    taken = []
-    real_spec = decode.spec
-
-    def spec(*a, **kw):
-        res = real_spec(*a, **kw)
-        taken.append(res is not None and "rope_decode_kernel" in res.kernel)
-        return res
-    monkeypatch.setattr(decode, "spec", spec)
+    taken = decode_taken
 
     def call(fn, q, k, cos, sin):
         if inplace:
