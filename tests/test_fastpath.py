@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from cuprope._core import args, driver, fastpath, launcher
-from cuprope.rope import launch
+from cuprope.rope import fast as rope_fast, launch
 from cuprope.qknorm import kernels as qknorm_kernels
 
 torch = pytest.importorskip("torch", reason="needs torch: pip install torch")
@@ -147,11 +147,11 @@ def test_core_ticket_pairs_follow_outputs_and_in_place():
     fw = _fw()
     q, k = torch.zeros(1, 1, 4, 8), torch.zeros(1, 1, 2, 8)
     oq, ok = torch.zeros_like(q), torch.zeros_like(k)
-    key, ptrs, pairs = fastpath._rope_ticket(fw, (q, k), False, None, None, None, True)
+    key, ptrs, pairs = rope_fast.rope_ticket(fw, (q, k), False, None, None, None, True)
     assert pairs == ((0, 1),) and ptrs[-2:] == [0, 0]
-    _, _, pairs = fastpath._rope_ticket(fw, (q, k), False, None, None, None, False)
+    _, _, pairs = rope_fast.rope_ticket(fw, (q, k), False, None, None, None, False)
     assert pairs == ()
-    key2, ptrs, pairs = fastpath._rope_ticket(fw, (q, k), False, None, None, (oq, ok), False)
+    key2, ptrs, pairs = rope_fast.rope_ticket(fw, (q, k), False, None, None, (oq, ok), False)
     assert pairs == ((0, 2), (0, 3), (1, 2), (1, 3), (2, 3))
     assert ptrs[2:4] == [oq.data_ptr(), ok.data_ptr()] and key2 != key
 
@@ -270,7 +270,7 @@ def test_qknorm_fast_forward_runs_the_registered_plan_with_the_call_values(monke
     from cuprope import qknorm
     fw = (fastpath.torch_collector(-1), torch.Tensor.data_ptr, torch.empty_like,
           lambda dev: 1000 + dev, lambda: 0)
-    monkeypatch.setitem(fastpath._FAST, "torch", fw)
+    monkeypatch.setitem(fastpath.ADAPTERS, "torch", fw)
     cfg = cuprope.RopeConfig(64)
     q, k = torch.randn(1, 1, 4, 64), torch.randn(1, 1, 2, 64)
     w, pos = torch.randn(64), torch.tensor([[7]], dtype=torch.int32)
@@ -306,7 +306,7 @@ def test_qknorm_fast_backward_runs_its_registered_launches_with_the_call_values(
     from cuprope.qknorm import fast as qfast
     from cuprope.qknorm import launch as qlaunch
     fw = _fw()
-    monkeypatch.setitem(fastpath._FAST, "torch", fw)
+    monkeypatch.setitem(fastpath.ADAPTERS, "torch", fw)
     ws = type("Ws", (), {"data": type("D", (), {"ptr": 4242})()})()
     asked = []
     monkeypatch.setattr(qlaunch, "workspace", lambda dev, st, n: asked.append((dev, st, n)) or ws)

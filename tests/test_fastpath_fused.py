@@ -73,7 +73,7 @@ def fake_gpu(monkeypatch):
         monkeypatch.setattr(sys.modules[mod], "sm_count", lambda device: 132)
     fw = (fastpath.torch_collector(-1), torch.Tensor.data_ptr, torch.empty_like,
           lambda dev: 1000 + dev, lambda: 0)
-    monkeypatch.setitem(fastpath._FAST, "torch", fw)
+    monkeypatch.setitem(fastpath.ADAPTERS, "torch", fw)
     return log
 
 

@@ -13,6 +13,7 @@ import pytest
 import cuprope
 from cuprope._core import args, driver, fastpath, launcher, loader
 from cuprope.rope import decode, launch
+from cuprope.rope import fast as rope_fast
 
 torch = pytest.importorskip("torch", reason="needs torch: pip install torch")
 import cuprope.torch  # noqa: E402 (after the skip: needs torch)
@@ -186,7 +187,7 @@ def _cpu_fast(monkeypatch):
     """Let CPU torch tensors into the fast paths (a registered plan is then run)."""
     fw = (fastpath.torch_collector(-1), torch.Tensor.data_ptr, torch.empty_like,
           lambda dev: 1000 + dev, lambda: 0)
-    monkeypatch.setitem(fastpath._FAST, "torch", fw)
+    monkeypatch.setitem(fastpath.ADAPTERS, "torch", fw)
     return fw
 
 
@@ -198,7 +199,7 @@ def test_rope_fast_path_never_mixes_plans_with_and_without_pdl(monkeypatch, regi
     cfg = cuprope.RopeConfig(D)
     q, k = torch.randn(1, 1, HQ, D), torch.randn(1, 1, HK, D)
     pos = torch.tensor([5])
-    tkt = fastpath._rope_ticket(fw, (q, k), False, pos, None, None, True, registered)
+    tkt = rope_fast.rope_ticket(fw, (q, k), False, pos, None, None, True, registered)
     plan = Payload()
     fastpath.remember(cfg._launches.fast, tkt, [None] * 4, plan)
     cuprope.rope_qk_forward(q, k, cfg, positions=pos, inplace=True, enable_pdl=not registered)

@@ -21,7 +21,7 @@ import torch
 
 import cuprope
 from cuprope._core import args, driver, fastpath, launcher
-from cuprope.rope import launch
+from cuprope.rope import fast as rope_fast, launch
 
 N = 20000
 
@@ -129,7 +129,7 @@ def main():
     new_fn.restype = ctypes.c_int
     plan.bound = driver.Bound(new_fn, (ctypes.byref(cfgc), vp(140000000000), vp(paddr), None),
                               cfgc, -1, None)
-    tkt = fastpath.fast_key("torch", (q, k), cfg, False, pos, None, None, True, None)
+    tkt = rope_fast.fast_key("torch", (q, k), cfg, False, pos, None, None, True, None)
     fastpath.remember(cfg._launches.fast, tkt, [fastpath.span(fastpath_info(x)) for x in (q, k)], plan)
     key, ptrs, _ = tkt
 
@@ -142,7 +142,7 @@ def main():
         ("x.device / x.get_device()", lambda: q.device, lambda: q.get_device()),
         ("x.data_ptr()", lambda: q.data_ptr(), None),
         ("key of q, k, positions (old: nested, + k - q; new: flat ticket)", old_key,
-         lambda: fastpath._rope_ticket(fw, (q, k), False, pos, None, None, True)),
+         lambda: rope_fast.rope_ticket(fw, (q, k), False, pos, None, None, True)),
         ("dict lookup of that key (old: nested tuple; new: lookup + device stub)",
          lambda: old_plans.get(okey),
          lambda: fastpath.lookup(cfg._launches.fast, key, ptrs, fw[4])),
@@ -151,7 +151,7 @@ def main():
         ("driver call (old: cuLaunchKernel, argtypes, 11 args; new: Ex, 4 ready args)",
          old_launch, lambda: plan.bound.launch(0)),
         ("whole fast path (old: transcribed; new: fastpath.fast_path)", old_total,
-         lambda: fastpath.fast_path((q, k), cfg, False, pos, 0, None, None, True, None)),
+         lambda: rope_fast.fast_path((q, k), cfg, False, pos, 0, None, None, True, None)),
         ("the public call, rope_qk_forward(q, k, cfg, positions=pos, inplace=True)", None,
          lambda: cuprope.rope_qk_forward(q, k, cfg, positions=pos, inplace=True)),
     ]

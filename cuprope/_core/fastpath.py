@@ -11,18 +11,16 @@ from __future__ import annotations
 
 import threading
 
-from .validate import MAX_POSITION
-
 # A framework is an adapter tuple (collect, ptr, alloc, stream, current_device):
 #   collect(arrays, key, ptrs): appends each array's signature to the list
 #       ``key`` and its pointer to ``ptrs`` (None and 0 for None), or raises
 #       NoFastPath when an array is not of that framework;
 #   ptr(a): data pointer; alloc(x): a new output laid out as the general
 #   path's; stream(device): the current stream's handle; current_device().
-# _FAST maps the module of the framework's array type to its adapter; an
+# ADAPTERS maps the module of the framework's array type to its adapter; an
 # adapter is built when a call of its framework first takes the general path.
 
-_FAST: dict = {}
+ADAPTERS: dict = {}
 get_ident = threading.get_ident
 
 
@@ -41,7 +39,7 @@ def span(info):
 
 def fast_adapter(kind):
     """The adapter for arrays of ``kind`` ("torch" or "cupy"), registered in
-    _FAST on first use; None for other kinds."""
+    ADAPTERS on first use; None for other kinds."""
     if kind == "torch":
         mod, build = "torch", _torch_adapter
     elif kind == "cupy":
@@ -49,15 +47,15 @@ def fast_adapter(kind):
         mod, build = cupy.ndarray.__module__, _cupy_adapter
     else:
         return None
-    fw = _FAST.get(mod)
+    fw = ADAPTERS.get(mod)
     if fw is None:
-        fw = _FAST[mod] = build()
+        fw = ADAPTERS[mod] = build()
     return fw
 
 
 def adapter_of(x):
     """The registered adapter for ``x``'s framework, or None."""
-    return _FAST.get(type(x).__module__)
+    return ADAPTERS.get(type(x).__module__)
 
 
 class Entry:
@@ -164,77 +162,6 @@ def fast_call(plans, fw, header, arrays):
         return False
     hit.run(fw[3](hit.device), *ptrs)
     return True
-
-
-# The core (rope_call, tables): arrays xs, then the given outputs, then the
-# two index arrays (positions and sequence offsets, or cos and sin).
-
-
-def _rope_ticket(fw, xs, inverse, idx1, idx2, outs, inplace, pdl=False):
-    """The core's ticket (fast_path builds the same key inline)."""
-    n = len(xs)
-    pairs = ((0, 1),) if inplace and n == 2 else ()
-    if outs is not None:
-        pairs = tuple((i, n + j) for i in range(n) for j in range(len(outs))) + (
-            ((n, n + 1),) if len(outs) == 2 else ())
-    arrays = xs + (idx1, idx2) if outs is None else (*xs, *outs, idx1, idx2)
-    return ticket(fw, ("rope", get_ident(), inverse, inplace, outs is None, pdl), arrays, pairs)
-
-
-def fast_key(kind, xs, config, inverse, idx1, idx2, outs, inplace, stream, pdl=False):
-    """The fast-path ticket of a core call about to take the general path, or
-    None when its framework has no fast path (or stream= was given).
-    ``pdl``: enable_pdl, part of the key (a plan launches with it or not)."""
-    if stream is not None:
-        return None
-    fw = fast_adapter(kind)
-    if fw is None:
-        return None
-    return _rope_ticket(fw, xs, inverse, idx1, idx2, outs, inplace, pdl)
-
-
-def remember_rope(owner, tkt, plan, infos, out_infos):
-    """Register a core plan that has just launched (cuprope.rope.engine.run_plan)."""
-    if tkt is not None:
-        remember(owner._launches.fast, tkt,
-                 [span(i) for i in infos] + [span(o) for o in out_infos], plan)
-
-
-def fast_path(xs, config, inverse, positions, offset, seq_offsets, outs, inplace, stream,
-              pdl=False):
-    """Result tuple of a core call, or None when the general path must run."""
-    fast = config._launches.fast
-    if not fast or stream is not None or (inplace and outs is not None):
-        return None
-    if type(offset) is not int or not -MAX_POSITION <= offset <= MAX_POSITION:
-        return None
-    fw = _FAST.get(type(xs[0]).__module__)
-    if fw is None:
-        return None
-    key, ptrs = ["rope", get_ident(), inverse, inplace, outs is None, pdl], []
-    try:
-        fw[0](xs + (positions, seq_offsets) if outs is None else (*xs, *outs, positions,
-                                                                   seq_offsets), key, ptrs)
-    except NoFastPath:
-        return None
-    plan = lookup(fast, tuple(key), ptrs, fw[4])
-    if plan is None:
-        return None
-    n = len(xs)
-    if outs is not None:
-        res = tuple(outs)
-        out0, out1 = ptrs[n], ptrs[2 * n - 1]
-    elif inplace:
-        res = xs
-        out0, out1 = ptrs[0], ptrs[n - 1]
-    else:
-        ptr, alloc = fw[1], fw[2]
-        res = tuple([alloc(x) for x in xs])
-        out0, out1 = ptr(res[0]), ptr(res[-1])
-        if (out0 | out1) % plan.align:
-            return None
-    plan.run(fw[3](plan.device), ptrs[0], ptrs[n - 1], out0, out1, ptrs[-2], ptrs[-1], offset)
-    return tuple(res)
 
 
 # torch

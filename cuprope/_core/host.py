@@ -13,7 +13,6 @@ import numpy as np
 from .. import reference
 from .arrays import wrap_like
 from .layout import from_canon, to_canon
-from .validate import check_positions
 
 
 def to_numpy(info):
@@ -54,22 +53,3 @@ def finish(infos, out_infos, results, layout):
     for o, y in zip(out_infos, results):
         to_numpy(o)[...] = y
     return tuple(o.obj for o in out_infos)
-
-
-def rope(infos, out_infos, config, inverse, pos_info, seq_info, offset):
-    """Core RoPE on host arrays: the float64 reference, rounded once."""
-    layout = config.layout
-    x0 = to_canon(to_numpy(infos[0]), layout)
-    given = {"positions": pos_info, "seq_offsets": seq_info}
-    given = {k: to_numpy(v) for k, v in given.items() if v is not None}
-    for name, idx in given.items():  # each within range first: their sum cannot wrap
-        check_positions(idx.astype(np.int64), name)
-    pos = reference.token_positions(x0.shape[0], x0.shape[1], offset=offset,
-                                    n_streams=config.n_streams, **given)
-    check_positions(pos)
-    angles = reference.pair_angles(pos, config.inv_freq, config.stream_map)
-    results = [reference.rotate(canon64(info, layout), angles, rotary_dim=config.rotary_dim,
-                                interleaved=config.interleaved, scale=config.scale,
-                                inverse=inverse)
-               for info in infos]
-    return finish(infos, out_infos, results, layout)

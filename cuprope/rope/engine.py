@@ -4,19 +4,24 @@ NumPy backend (host arrays) or becomes a launch plan on the GPU.
 :func:`run_plan` launches a plan of the rope kernel family for the table
 calls too. Plans are cached on their owner (``RopeConfig._launches``, or a
 table source's) by call signature; a repeated call takes
-``cuprope._core.fastpath`` instead.
+the fast path (``fast``) instead.
 """
 from __future__ import annotations
 
 import threading
 
+import numpy as np
+
+from .. import reference
 from ..config import RopeConfig
-from .._core import fastpath, host, launcher, validate
+from .._core import host, launcher, validate
 from .._core.arrays import describe
 from .._core.engine import empty_result, hand_back, outputs, stream_handle, tensor_plans
 from .._core.launch import sm_count
 from .._core.launcher import on_device
-from . import decode
+from .._core.layout import to_canon
+from .._core.validate import check_positions
+from . import decode, fast
 from .launch import rope_spec
 
 def rope_call(xs, names, config, inverse, positions, offset, seq_offsets, outs, inplace, stream,
@@ -26,7 +31,7 @@ def rope_call(xs, names, config, inverse, positions, offset, seq_offsets, outs, 
     ``enable_pdl``: a programmatic dependent launch (no effect on the host)."""
     if not isinstance(config, RopeConfig):
         raise TypeError(f"config must be a cuprope.RopeConfig, got {type(config).__name__}")
-    res = fastpath.fast_path(xs, config, inverse, positions, offset, seq_offsets, outs, inplace,
+    res = fast.fast_path(xs, config, inverse, positions, offset, seq_offsets, outs, inplace,
                              stream, enable_pdl)
     if res is not None:
         return res
@@ -41,8 +46,8 @@ def rope_call(xs, names, config, inverse, positions, offset, seq_offsets, outs, 
     if all(i.size == 0 for i in infos):
         return empty_result(infos, out_infos)
     if infos[0].device < 0:
-        return host.rope(infos, out_infos, config, inverse, pos_info, seq_info, offset)
-    cache_key = fastpath.fast_key(infos[0].kind, xs, config, inverse, positions, seq_offsets,
+        return host_rope(infos, out_infos, config, inverse, pos_info, seq_info, offset)
+    cache_key = fast.fast_key(infos[0].kind, xs, config, inverse, positions, seq_offsets,
                                   outs, inplace, stream, enable_pdl)
     return _gpu_rope(infos, out_infos, config, inverse, pos_info, seq_info, offset, stream,
                      (b, s, d), cache_key, enable_pdl)
@@ -116,5 +121,24 @@ def run_plan(plan, owner, infos, out_infos, stream_ptr, idx1, idx2, offset, cach
     pointers (cos and sin for the table source)."""
     on_device(infos[0].device, plan.run, stream_ptr, infos[0].ptr, infos[-1].ptr,
               out_infos[0].ptr, out_infos[-1].ptr, idx1, idx2, offset)
-    fastpath.remember_rope(owner, cache_key, plan, infos, out_infos)
+    fast.remember_rope(owner, cache_key, plan, infos, out_infos)
     return hand_back(infos, out_infos, stream_ptr)
+
+
+def host_rope(infos, out_infos, config, inverse, pos_info, seq_info, offset):
+    """Core RoPE on host arrays: the float64 reference, rounded once."""
+    layout = config.layout
+    x0 = to_canon(host.to_numpy(infos[0]), layout)
+    given = {"positions": pos_info, "seq_offsets": seq_info}
+    given = {k: host.to_numpy(v) for k, v in given.items() if v is not None}
+    for name, idx in given.items():  # each within range first: their sum cannot wrap
+        check_positions(idx.astype(np.int64), name)
+    pos = reference.token_positions(x0.shape[0], x0.shape[1], offset=offset,
+                                    n_streams=config.n_streams, **given)
+    check_positions(pos)
+    angles = reference.pair_angles(pos, config.inv_freq, config.stream_map)
+    results = [reference.rotate(host.canon64(info, layout), angles, rotary_dim=config.rotary_dim,
+                                interleaved=config.interleaved, scale=config.scale,
+                                inverse=inverse)
+               for info in infos]
+    return host.finish(infos, out_infos, results, layout)

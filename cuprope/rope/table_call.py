@@ -9,12 +9,13 @@ from __future__ import annotations
 import threading
 
 from .. import reference
-from .._core import engine, fastpath, host, validate
+from .._core import engine, host, validate
 from .._core.arrays import describe, overlaps
 from .._core import launcher
 from .._core.launch import sm_count
 from .._core.layout import to_canon
 from ..config import LAYOUTS, LaunchCache
+from . import fast
 from .engine import run_plan
 from .launch import rope_spec
 
@@ -47,7 +48,7 @@ def table_call(xs, names, cos, sin, layout, interleaved, inverse, outs, inplace,
     if src is None:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
     if outs is None and not inplace:  # the fast path: new outputs only (nothing can overlap)
-        res = fastpath.fast_path(xs, src, inverse, cos, 0, sin, None, False, stream)
+        res = fast.fast_path(xs, src, inverse, cos, 0, sin, None, False, stream)
         if res is not None:
             return res
     cinfo, sinfo = describe(cos, "cos"), describe(sin, "sin")
@@ -63,7 +64,7 @@ def table_call(xs, names, cos, sin, layout, interleaved, inverse, outs, inplace,
         return engine.empty_result(infos, out_infos)
     if infos[0].device < 0:
         return _numpy_backend(infos, out_infos, cinfo, sinfo, layout, interleaved, inverse)
-    key = (fastpath.fast_key(infos[0].kind, xs, src, inverse, cos, sin, None, False, stream)
+    key = (fast.fast_key(infos[0].kind, xs, src, inverse, cos, sin, None, False, stream)
            if outs is None and not inplace else None)
     return _gpu_backend(src, infos, out_infos, cinfo, sinfo, tstrides, r, inverse, (b, s, d),
                         stream, key)
