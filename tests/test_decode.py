@@ -1,5 +1,5 @@
 """The decode rows' host side, no GPU needed: which launches take
-rope_decode_kernel (cuprope/_core/decode.py), their grid, their arguments,
+rope_decode_kernel (cuprope/rope/decode.py), their grid, their arguments,
 and the angle table's size. The kernel's results are compared with the
 general path's bit for bit in test_gpu_rope.py and test_gpu_kvcache.py."""
 import itertools

@@ -684,7 +684,7 @@ def test_fast_path_repeated_call_with_bad_input_raises(rng):
 
 
 # ---------------------------------------------------------------- decode rows
-# Launches of few tokens take rope_decode_kernel (cuprope/_core/decode.py),
+# Launches of few tokens take rope_decode_kernel (cuprope/rope/decode.py),
 # which reads cos/sin from the config's angle table and computes them in
 # float64 past it: its results must be the general kernel's bits.
 

@@ -1,4 +1,4 @@
-"""The launch-argument struct on the host (cuprope/_core/launch.py ARGS_FIELDS)
+"""The launch-argument struct on the host (ROPE_ARGS, cuprope/_core/args.py)
 against the C struct the kernels read (kernels/args.cuh), and packing it by
 field name. No GPU needed."""
 import re
