@@ -1,5 +1,5 @@
-"""A bounded, thread-safe LRU of RopeConfigs that the dialects build on the
-fly (``cuprope.lrpe`` per θ table, ``cuprope.ggml`` per parameter set).
+"""A bounded, thread-safe LRU of RopeConfigs that front ends build on the
+fly (one per frequency table or parameter set they are called with).
 
 A config leaving the cache may still have its device tables read by kernels
 queued on some stream: eviction waits for those devices before the tables'

@@ -2,7 +2,7 @@
 CPU) in and out of the float64 reference.
 
 Every front end computes its float64 result with ``cuprope.reference`` (or
-LRPE's and the tables' references), rounds it once to the dtype, and hands the
+its own op's reference), rounds it once to the dtype, and hands the
 results to :func:`finish`, which writes them into the outputs or returns new
 arrays in the caller's framework.
 """

@@ -1,4 +1,4 @@
-"""Pieces the JAX adapters (``cuprope.jax``, ``cuprope.qknorm.jax``) share:
+"""Pieces every op's JAX adapter shares:
 static arguments, cotangents of non-differentiable operands, vmap's marker
 of an unbatched operand, and the batching rule's moving and looping."""
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """How cuprope's JAX primitives partition under ``jax.sharding``: each shard
 runs the call on its own device with its local shapes. :class:`Partitioned`
-wraps a primitive's bind in ``custom_partitioning``; the adapters
-(``cuprope.jax``, ``cuprope.qknorm.jax``) hand it their bind and a sharding
-rule (:class:`Rule`; ``rope_rule`` is the rotation family's).
+wraps a primitive's bind in ``custom_partitioning``; each adapter hands it
+its bind and a sharding rule (:class:`Rule`), built from the factors of
+its operands (``tensor_factors``, ``position_factors``, ``table_factors``).
 """
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ import jax
 from jax.experimental.custom_partitioning import custom_partitioning
 from jax.sharding import NamedSharding, PartitionSpec
 
-from ..config import config_by_key
 
 # The CPU backend's calls run jax.pure_callback, which crashes when executed
 # inside a custom-partitioned computation (jaxlib 0.10/0.11 CPU): there the
@@ -61,29 +60,6 @@ def table_factors(shape):
     """Factors of a cos/sin table ``[S, R]``, ``[1, S, R]`` or ``[B, S, R]``."""
     return ["s", "r"] if len(shape) == 2 else (["u", "s", "r"] if shape[0] == 1
                                                else ["b", "s", "r"])
-
-
-def rope_rule(call, shapes) -> Rule:
-    """``cuprope.jax``'s calls (its ``Call``: rope, table or lrpe)."""
-    xs, heads = tensor_factors(call.layout, call.n, call.n == 2 and shapes[0] == shapes[1])
-    rest = [len(s) for s in shapes[call.n:]]
-    ops, keep = list(xs), {"s", "d", "t", "r", "u"}
-    if call.kind == "rope":
-        cfg = config_by_key(call.key)
-        if call.has_pos:
-            ops.append(position_factors(cfg, rest.pop(0)))
-        if call.has_seq:
-            ops.append(["b"])
-        if cfg.per_head:
-            keep.update(heads)
-    elif call.kind == "table":
-        ops += [table_factors(shapes[call.n])] * 2
-    else:
-        if call.has_x:
-            ops.append(xs[0])
-        if call.theta and call.theta[0] > 1:
-            keep.add("h")
-    return Rule(ops, xs, frozenset(keep))
 
 
 def _shapes(value_types):

@@ -2,7 +2,7 @@
 
 Public layouts (``RopeConfig.layout``, ``cuprope.config.LAYOUTS``): ``"bshd"`` ``[B, S, H, D]``,
 ``"bhsd"`` ``[B, H, S, D]`` and ``"thd"`` ``[T, H, D]`` (packed tokens: one
-sequence of T). LRPE's one-head tensors ``[B, N, D]`` use the internal layout
+sequence of T). One-head tensors ``[B, N, D]`` use the internal layout
 ``"bsd"`` (H = 1). Every kernel sees sizes and strides in the canonical order.
 """
 from __future__ import annotations

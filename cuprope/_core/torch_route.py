@@ -1,8 +1,7 @@
 """Where a core call on torch tensors goes when ``torch_guard.engaged`` says
 it cannot run as is: :func:`call` decides for every front end (each op's
-torch module builds its arguments: ``route_*`` in ``cuprope.rope.torch``,
-``cuprope.qknorm.torch``, ``cuprope.kvcache.torch``); front ends with no
-adapter use :func:`no_adapter`, :func:`untraceable` and :func:`inference_op`.
+torch module builds its arguments); front ends with no adapter use
+:func:`no_adapter`, :func:`untraceable` and :func:`inference_op`.
 """
 from __future__ import annotations
 
@@ -93,7 +92,7 @@ def targets_of(xs, outs, inplace):
 
 
 def no_adapter(name, tensors, targets, kind, core, instead):
-    """A front end with no ``cuprope.torch`` adapter (LRPE, ggml's wrapper):
+    """A front end with no ``cuprope.torch`` adapter:
     TypeError under autograd, a graph break under torch.compile."""
     return call(name, tensors, targets, kind, core, None, instead)
 
@@ -112,7 +111,7 @@ TRAINING = "cuprope.torch.rope_qk for training (this is an inference op)"
 
 def inference_op(name, tensors, written, core, instead=TRAINING):
     """An inference op reading ``tensors`` and writing ``written`` in place
-    (a KV-cache append, ``cuprope.mla``, ``cuprope.prologue``): TypeError
+    (a cache append, say): TypeError
     under autograd naming ``instead`` (RuntimeError into a leaf that requires
     grad), a graph break under torch.compile."""
     return call(name, tensors, written, "inplace", core, None, instead)

@@ -1,4 +1,4 @@
-"""The one validation layer every front end calls (core, tables, LRPE).
+"""The one validation layer every front end calls.
 
 Each check raises ``TypeError`` (wrong kind or dtype) or ``ValueError`` (wrong
 shape, device, range or overlap) naming the argument. Nothing here touches a

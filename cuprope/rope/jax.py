@@ -130,9 +130,32 @@ def _batch(args, dims, *, call):
 
 batching.primitive_batchers[rope_p] = _batch
 
+def sharding_rule(call, shapes) -> jax_sharding.Rule:
+    """The sharding rule of a call of the primitive (rope, table or lrpe)."""
+    xs, heads = jax_sharding.tensor_factors(call.layout, call.n, call.n == 2 and shapes[0] == shapes[1])
+    rest = [len(s) for s in shapes[call.n:]]
+    ops, keep = list(xs), {"s", "d", "t", "r", "u"}
+    if call.kind == "rope":
+        cfg = config_by_key(call.key)
+        if call.has_pos:
+            ops.append(jax_sharding.position_factors(cfg, rest.pop(0)))
+        if call.has_seq:
+            ops.append(["b"])
+        if cfg.per_head:
+            keep.update(heads)
+    elif call.kind == "table":
+        ops += [jax_sharding.table_factors(shapes[call.n])] * 2
+    else:
+        if call.has_x:
+            ops.append(xs[0])
+        if call.theta and call.theta[0] > 1:
+            keep.add("h")
+    return jax_sharding.Rule(ops, xs, frozenset(keep))
+
+
 # under jax.sharding (a GPU backend): the call on each shard's local operands
 _PARTITIONED = jax_sharding.Partitioned(lambda call, *ops: tuple(rope_p.bind(*ops, call=call)),
-                                        jax_sharding.rope_rule)
+                                        sharding_rule)
 
 
 # ---------------------------------------------------------------- autodiff
