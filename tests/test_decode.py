@@ -49,7 +49,7 @@ def test_few_tokens_take_the_decode_rows_with_the_general_words(dtype, b, s):
     table = Table()
     spec = _spec(b, s, dtype=dtype, angles=table)
     general = _spec(b, s, dtype=dtype)
-    assert spec.kernel == rope_kernels.decode_kernel_name(dtype, False, loader.KV_ANGLES)
+    assert spec.kernel == rope_kernels.decode_kernel_name(dtype, False, rope_kernels.KV_ANGLES)
     assert spec.family == "decode" and spec.smem == 0 and table.asked == 1
     assert spec.params[0] == general.params[0]
     kv = dict(zip([f for f, _, _ in args.KV_ARGS.fields],
@@ -79,7 +79,7 @@ def test_other_launches_keep_the_general_kernel(monkeypatch, case):
     elif case == "unaligned":
         kw = dict(plans=_plans(b, 1, ptr=2))
     elif case == "lrpe":
-        kw = dict(plans=_plans(b, 1)[:1], act=loader.LRPE_ACTS["silu"], calls=launch.LRPE_CALLS)
+        kw = dict(plans=_plans(b, 1)[:1], act=rope_kernels.LRPE_ACTS["silu"], calls=launch.LRPE_CALLS)
     spec = _spec(b, 1, angles=None if case == "jax" else table, **kw)
     assert "rope_decode_kernel" not in spec.kernel and spec.kernel.startswith("cuprope::rope_")
     assert table.asked == 0
@@ -96,7 +96,7 @@ def test_table_calls_of_few_tokens_take_the_decode_rows(dtype, interleaved):
     kw = dict(dtype=dtype, interleaved=interleaved, pos=None, table=table, inv_freq_ptr=0)
     spec = _spec(4, 1, decode_tables=True, **kw)
     general = _spec(4, 1, **kw)
-    assert spec.kernel == rope_kernels.decode_kernel_name(dtype, interleaved, loader.KV_TABLES_T)
+    assert spec.kernel == rope_kernels.decode_kernel_name(dtype, interleaved, rope_kernels.KV_TABLES_T)
     assert "rope_decode_kernel" not in general.kernel and general.family == "table"
     assert spec.params[0] == general.params[0] and spec.calls == general.calls
     kv = np.frombuffer(spec.params[1][1], dtype=np.int64)
@@ -153,14 +153,14 @@ def test_table_rows_default_explicit_none():
 
 
 @pytest.mark.parametrize("dtype,il,src,ptr,stride,ok", [
-    ("bfloat16", False, loader.KV_COS_SIN_F32, 256, 128, True),
-    ("bfloat16", False, loader.KV_COS_SIN_F32, 8, 128, False),
-    ("bfloat16", False, loader.KV_COS_SIN_F32, 256, 130, False),
-    ("bfloat16", True, loader.KV_COS_SIN_F32, 16, 132, True),
-    ("bfloat16", False, loader.KV_COS_SIN_T, 16, 64, True),
-    ("bfloat16", False, loader.KV_COS_SIN_T, 8, 64, False),
-    ("float32", True, loader.KV_COS_SIN_F32, 8, 66, True),
-    ("float32", True, loader.KV_COS_SIN_F32, 4, 66, False)])
+    ("bfloat16", False, rope_kernels.KV_COS_SIN_F32, 256, 128, True),
+    ("bfloat16", False, rope_kernels.KV_COS_SIN_F32, 8, 128, False),
+    ("bfloat16", False, rope_kernels.KV_COS_SIN_F32, 256, 130, False),
+    ("bfloat16", True, rope_kernels.KV_COS_SIN_F32, 16, 132, True),
+    ("bfloat16", False, rope_kernels.KV_COS_SIN_T, 16, 64, True),
+    ("bfloat16", False, rope_kernels.KV_COS_SIN_T, 8, 64, False),
+    ("float32", True, rope_kernels.KV_COS_SIN_F32, 8, 66, True),
+    ("float32", True, rope_kernels.KV_COS_SIN_F32, 4, 66, False)])
 def test_table_alignment(dtype, il, src, ptr, stride, ok):
     """A chunk's run of cos (half split: vec pairs, interleaved: vec/2) is read
     in loads of up to 16 bytes: the table's address and row stride must allow
@@ -179,23 +179,23 @@ def test_rotary_embedding_of_few_tokens_takes_the_decode_rows(monkeypatch):
                 out_ss=(HQ * D, HK * D), out_sh=(D, D), heads=(HQ, HK), n_batch=1, n_seq=64,
                 head_dim=D, rot_dim=D, pos_ptr=0, pos_is64=1, pos_ss=1, scale=1.0, sin_sign=1.0)
 
-    def spec(src=loader.KV_COS_SIN_F32, **change):
+    def spec(src=rope_kernels.KV_COS_SIN_F32, **change):
         r = dict(rope, **change.pop("rope", {}))
         kv = {**dict(cs_ptr=512, cs_st=D, cs_rows=4096), **change}
         return kl.kv_spec(0, dtype="bfloat16", interleaved=False, vec=8, src=src, fp8=0, rope=r,
                           kv=kv)
-    for src in (loader.KV_COS_SIN_F32, loader.KV_COS_SIN_T):
+    for src in (rope_kernels.KV_COS_SIN_F32, rope_kernels.KV_COS_SIN_T):
         assert spec(src).kernel == rope_kernels.decode_kernel_name("bfloat16", False, src)
     assert "kv_rope_kernel" in spec(rope=dict(n_seq=decode.MAX_TOKENS + 1)).kernel
     assert "kv_rope_kernel" in spec(cs_st=130).kernel
-    assert "kv_rope_kernel" in spec(loader.KV_ANGLES, k_cache=64, v_ptr=64).kernel
+    assert "kv_rope_kernel" in spec(rope_kernels.KV_ANGLES, k_cache=64, v_ptr=64).kernel
 
 
 def test_decode_kernel_names():
-    assert rope_kernels.decode_kernel_name("float16", True, loader.KV_COS_SIN_T) == \
+    assert rope_kernels.decode_kernel_name("float16", True, rope_kernels.KV_COS_SIN_T) == \
         "cuprope::rope_decode_kernel<__half, true, 8, 2>"
     with pytest.raises(ValueError, match="no rope_decode_kernel"):
-        rope_kernels.decode_kernel_name("float32", False, loader.KV_COS_SIN_T)
-    assert rope_kernels.decode_kernel_name("float32", True, loader.KV_TABLES_T) == \
+        rope_kernels.decode_kernel_name("float32", False, rope_kernels.KV_COS_SIN_T)
+    assert rope_kernels.decode_kernel_name("float32", True, rope_kernels.KV_TABLES_T) == \
         "cuprope::rope_decode_kernel<float, true, 4, 3>"
     assert loader.family_names(rope_kernels.DECODE_FAMILY)[0][0] == rope_kernels.KV_ANGLE_TABLE_KERNEL

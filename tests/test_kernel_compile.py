@@ -141,14 +141,14 @@ def test_host_and_kernels_read_one_set_of_constants():
         assert d[f"CUPROPE_RUN{bits}"] == str(launch.RUNS[size])
         assert d[f"CUPROPE_RUN_STAGES{bits}"] == str(launch.RUN_STAGES[size])
         assert d[f"CUPROPE_WARPS{bits}"] == str(launch.WARPS_PER_BLOCK[size])
-    assert d["CUPROPE_MAX_STEPS"] == str(launch.MAX_STEPS[_loader.SRC_SHARED])
-    assert d["CUPROPE_MAX_STEPS_TABLE"] == str(launch.MAX_STEPS[_loader.SRC_TABLE])
+    assert d["CUPROPE_MAX_STEPS"] == str(launch.MAX_STEPS[rope_kernels.SRC_SHARED])
+    assert d["CUPROPE_MAX_STEPS_TABLE"] == str(launch.MAX_STEPS[rope_kernels.SRC_TABLE])
     assert d["CUPROPE_TOKEN_RUNS"] == str(launch.TOKEN_RUNS)
     assert d["CUPROPE_TOKEN_TILE"] == str(launch.TOKEN_TILE)
     assert d["CUPROPE_ACT_SOFTMAX"] == str(launch.SOFTMAX_HEAD)
     assert d["CUPROPE_ACT_SOFTMAX_SEQ"] == str(launch.SOFTMAX_SEQ)
     assert d["CUPROPE_SEQ_SLICES"] == str(launch.SEQ_SLICES)
-    assert d["CUPROPE_SRC_TABLE"] == str(_loader.SRC_TABLE)
+    assert d["CUPROPE_SRC_TABLE"] == str(rope_kernels.SRC_TABLE)
     from cuprope.qknorm import launch as qknorm_launch
     assert d["CUPROPE_QKNORM_WARPS"] == str(qknorm_launch.WARPS)
     assert qknorm_launch.THREADS == 32 * qknorm_launch.WARPS
@@ -212,15 +212,15 @@ def test_ring_rules_agree_with_the_host():
     from cuprope.rope import launch
     src = "".join(_loader.kernel_sources().values())
     for size in (2, 4):
-        assert launch.ring_stages(size, 16 // size, _loader.SRC_SHARED) == launch.STAGES[size]
+        assert launch.ring_stages(size, 16 // size, rope_kernels.SRC_SHARED) == launch.STAGES[size]
     # narrower packs, other angle sources and the LRPE dialect load into registers
-    assert launch.ring_stages(2, 4, _loader.SRC_SHARED) == 0
-    assert launch.ring_stages(2, 8, _loader.SRC_PER_HEAD) == 0
-    assert launch.ring_stages(2, 8, _loader.SRC_TABLE) == launch.STAGES[2]
-    assert launch.ring_bytes(3, _loader.SRC_TABLE) == (2 * 3 + 4) * 32 * 16
-    assert launch.ring_bytes(3, _loader.SRC_SHARED) == 2 * 3 * 32 * 16
-    assert launch.ring_stages(2, 8, _loader.SRC_SHARED, act=3) == 0
-    assert launch.ring_stages(2, 8, _loader.SRC_SHARED, backward_act=True) == 0
+    assert launch.ring_stages(2, 4, rope_kernels.SRC_SHARED) == 0
+    assert launch.ring_stages(2, 8, rope_kernels.SRC_PER_HEAD) == 0
+    assert launch.ring_stages(2, 8, rope_kernels.SRC_TABLE) == launch.STAGES[2]
+    assert launch.ring_bytes(3, rope_kernels.SRC_TABLE) == (2 * 3 + 4) * 32 * 16
+    assert launch.ring_bytes(3, rope_kernels.SRC_SHARED) == 2 * 3 * 32 * 16
+    assert launch.ring_stages(2, 8, rope_kernels.SRC_SHARED, act=3) == 0
+    assert launch.ring_stages(2, 8, rope_kernels.SRC_SHARED, backward_act=True) == 0
     assert "SRC != kSrcPerHead && ACT == kActNone && sizeof(T) * VEC == 16" in src
     assert "2 * kStages + (TABLE ? 4 : 0)" in src
     # token runs: the ring holds x (two packs a lane per stage; four with x
@@ -258,14 +258,14 @@ def test_steps_cap_grows_with_the_prologue():
     """The shared source's per-warp cos/sin work grows with R and with a stream
     map, and the most steps a warp takes with it; other sources keep theirs."""
     from cuprope.rope import launch
-    base = launch.MAX_STEPS[_loader.SRC_SHARED]
+    base = launch.MAX_STEPS[rope_kernels.SRC_SHARED]
     if not base:
         pytest.skip("no cap (tuning run)")
-    assert launch.steps_cap(_loader.SRC_SHARED, 64, 0) == base
-    assert launch.steps_cap(_loader.SRC_SHARED, 32, 0) == base
-    assert launch.steps_cap(_loader.SRC_SHARED, 128, 0) == 2 * base
-    assert launch.steps_cap(_loader.SRC_SHARED, 64, 0xdead) == 2 * base
-    assert launch.steps_cap(_loader.SRC_TABLE, 128, 0) == launch.MAX_STEPS[_loader.SRC_TABLE]
+    assert launch.steps_cap(rope_kernels.SRC_SHARED, 64, 0) == base
+    assert launch.steps_cap(rope_kernels.SRC_SHARED, 32, 0) == base
+    assert launch.steps_cap(rope_kernels.SRC_SHARED, 128, 0) == 2 * base
+    assert launch.steps_cap(rope_kernels.SRC_SHARED, 64, 0xdead) == 2 * base
+    assert launch.steps_cap(rope_kernels.SRC_TABLE, 128, 0) == launch.MAX_STEPS[rope_kernels.SRC_TABLE]
 
 
 def test_flat_entries_compile():
@@ -274,9 +274,9 @@ def test_flat_entries_compile():
     dialect's fused backward."""
     names = [rope_kernels.flat_kernel_name(dt, il, _loader.vec_widths(dt)[0], src)
              for dt in _loader.DTYPE_CTYPES for il in (False, True)
-             for src in (_loader.SRC_SHARED, _loader.SRC_PER_HEAD, _loader.SRC_TABLE)]
-    names.append(rope_kernels.flat_kernel_name("bfloat16", False, 8, _loader.SRC_PER_HEAD,
-                                          _loader.LRPE_ACTS["silu"], True))
+             for src in (rope_kernels.SRC_SHARED, rope_kernels.SRC_PER_HEAD, rope_kernels.SRC_TABLE)]
+    names.append(rope_kernels.flat_kernel_name("bfloat16", False, 8, rope_kernels.SRC_PER_HEAD,
+                                          rope_kernels.LRPE_ACTS["silu"], True))
     lowered, nbytes, log = _compile("sm_90", names)
     assert all(lowered.values()) and len(set(lowered.values())) == len(names)
     assert "warning" not in log.lower(), log
@@ -435,11 +435,11 @@ def _decode_op_kernels():
     bf16 = "bfloat16"
     return [
         (kv_kernels.ENTRY, [rope_kernels.decode_kernel_name(bf16, False),
-                            rope_kernels.decode_kernel_name(bf16, True, _loader.KV_COS_SIN_F32),
-                            kv_kernels.kv_kernel_name(bf16, False, 8, _loader.KV_ANGLES, 3),
-                            kv_kernels.kv_kernel_name(bf16, True, 8, _loader.KV_COS_SIN_F32)]),
+                            rope_kernels.decode_kernel_name(bf16, True, rope_kernels.KV_COS_SIN_F32),
+                            kv_kernels.kv_kernel_name(bf16, False, 8, rope_kernels.KV_ANGLES, 3),
+                            kv_kernels.kv_kernel_name(bf16, True, 8, rope_kernels.KV_COS_SIN_F32)]),
         (rope_kernels.ENTRY, [rope_kernels.kernel_name(bf16, False, 8),
-                         rope_kernels.kernel_name("float32", True, 4, _loader.SRC_PER_HEAD)]),
+                         rope_kernels.kernel_name("float32", True, 4, rope_kernels.SRC_PER_HEAD)]),
         (prologue_kernels.ENTRY, [prologue_kernels.prologue_kernel_name(bf16, False, 8, 3),
                                   prologue_kernels.prologue_kernel_name(bf16, False, 0)]),
         (mla_kernels.ENTRY, [mla_kernels.mla_kernel_name(bf16, True, 8, 3)]),
@@ -474,7 +474,7 @@ def test_decode_rows_load_the_position_before_the_wait():
     kernel writes (the position; slots) before griddepcontrol.wait, so those
     loads overlap the previous kernel; q and k come after it."""
     names = [rope_kernels.decode_kernel_name("bfloat16", False),
-             kv_kernels.kv_kernel_name("bfloat16", False, 8, _loader.KV_ANGLES, 3)]
+             kv_kernels.kv_kernel_name("bfloat16", False, 8, rope_kernels.KV_ANGLES, 3)]
     for name, body in _ptx_bodies("compute_90", names, kv_kernels.ENTRY).items():
         wait = body.find("griddepcontrol.wait")
         assert wait > 0 and "ld.global" in body[:wait], name

@@ -137,8 +137,8 @@ def test_flat_call_passes_the_eager_specs_words():
                             n_batch=2, n_seq=8, head_dim=128, rot_dim=128, copy_rest=True,
                             pos=(0, 0, 0, 1), seq_off=None, inv_freq_ptr=1, freq_sh=0,
                             stream_map_ptr=0, scale=0.5, sin_sign=1.0)
-    assert spec.flat == rope_kernels.flat_kernel_name("bfloat16", False, 8, loader.SRC_SHARED)
-    assert spec.kernel == rope_kernels.kernel_name("bfloat16", False, 8, loader.SRC_SHARED)
+    assert spec.flat == rope_kernels.flat_kernel_name("bfloat16", False, 8, rope_kernels.SRC_SHARED)
+    assert spec.kernel == rope_kernels.kernel_name("bfloat16", False, 8, rope_kernels.SRC_SHARED)
     sources = {"in_ptr0": ("operand", 0), "in_ptr1": ("operand", 1), "pos_ptr": ("operand", 2),
                "inv_freq_ptr": ("constant", "table"), "out_ptr0": "out", "out_ptr1": "out"}
     fc = launcher.flat_call(spec, sources, {"in_ptr0": 16, "out_ptr1": 16},

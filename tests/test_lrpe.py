@@ -432,11 +432,11 @@ def test_non_arrays_are_rejected():
 # --------------------------------------------------------------------------- kernels (no GPU needed)
 
 def test_plain_kernel_names_are_short_and_lrpe_families_are_separate():
-    assert rope_kernels.kernel_name("bfloat16", False, 8, _loader.SRC_PER_HEAD) == \
+    assert rope_kernels.kernel_name("bfloat16", False, 8, rope_kernels.SRC_PER_HEAD) == \
         "cuprope::rope_kernel<__nv_bfloat16, false, 8, 1>"
-    assert rope_kernels.kernel_name("float32", True, 4, _loader.SRC_TABLE) == \
+    assert rope_kernels.kernel_name("float32", True, 4, rope_kernels.SRC_TABLE) == \
         "cuprope::rope_kernel<float, true, 4, 2>"
-    assert rope_kernels.kernel_name("float32", False, 4, _loader.SRC_SHARED, 4, True) == \
+    assert rope_kernels.kernel_name("float32", False, 4, rope_kernels.SRC_SHARED, 4, True) == \
         "cuprope::rope_kernel<float, false, 4, 0, 4, true>"
     with pytest.raises(ValueError, match="angle source"):
         rope_kernels.kernel_name("float32", False, 4, 3)

@@ -14,6 +14,7 @@ import cuprope
 from cuprope._core import args, driver, fastpath, launcher, loader
 from cuprope.rope import decode, launch
 from cuprope.rope import fast as rope_fast
+from cuprope.rope import kernels as rope_kernels
 
 torch = pytest.importorskip("torch", reason="needs torch: pip install torch")
 import cuprope.torch  # noqa: E402 (after the skip: needs torch)
@@ -160,9 +161,10 @@ def test_every_decode_launch_spec_carries_the_flag(monkeypatch, pdl):
     rope = dict(in_ptr=(0, 0), out_ptr=(0, 0), in_ss=(HQ * D, HK * D), in_sh=(D, D),
                 out_ss=(HQ * D, HK * D), out_sh=(D, D), heads=(HQ, HK), n_batch=1, n_seq=8,
                 head_dim=D, rot_dim=D, pos_ptr=0, pos_is64=1, pos_ss=1, scale=1.0, sin_sign=1.0)
-    cs = kl.kv_spec(0, dtype="bfloat16", interleaved=False, vec=8, src=loader.KV_COS_SIN_F32,
+    cs = kl.kv_spec(0, dtype="bfloat16", interleaved=False, vec=8,
+                    src=rope_kernels.KV_COS_SIN_F32,
                     fp8=0, rope=rope, kv=dict(cs_ptr=512, cs_st=D, cs_rows=64), pdl=pdl)
-    app = kl.kv_spec(0, dtype="bfloat16", interleaved=False, vec=8, src=loader.KV_ANGLES,
+    app = kl.kv_spec(0, dtype="bfloat16", interleaved=False, vec=8, src=rope_kernels.KV_ANGLES,
                      fp8=3, rope=rope, kv=dict(k_cache=64, v_cache=64, v_ptr=64), pdl=pdl)
     assert cs.family == "decode" and "kv_rope_kernel" in app.kernel
     assert cs.pdl is pdl and app.pdl is pdl

@@ -2,7 +2,7 @@
 translation unit (a ``.cu`` file of the kernel folder) its kernels are
 compiled from, the families (modules compiled on first use) its
 instantiations are grouped into, a function giving a family's name
-expressions, and its tuning values. The loader compiles a family from its
+expressions, its codes and its tuning values. The loader compiles a family from its
 record; listings read every record. Records register when their op package
 is imported (``import cuprope`` imports them all).
 
@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from .constants import declare_tuning
+from .constants import declare_codes, declare_tuning
 
 DTYPE_CTYPES = {"float32": "float", "float16": "__half", "bfloat16": "__nv_bfloat16"}
 ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
@@ -47,12 +47,13 @@ _RECORDS: dict[str, Record] = {}  # by family
 
 
 def register(entry: str, families: tuple[str, ...], names: Callable[[str], list[str]],
-             tuning: dict[str, int] | None = None) -> Record:
-    """Declare an op's kernels, and the tuning values they compile with
-    (``-D`` options of every translation unit, the host reading the same
-    values: constants.declare_tuning). Registering the same families again (a
-    module reloaded) replaces the record; a family another record holds is an
-    error."""
+             tuning: dict[str, int] | None = None, codes: dict[str, int] | None = None) -> Record:
+    """Declare an op's kernels, the codes its kernels share with the host and
+    the tuning values they compile with (``-D`` options of every translation
+    unit, the host reading the same values: constants.declare_codes,
+    declare_tuning). Registering the same families again (a module reloaded)
+    replaces the record; a family another record holds is an error."""
+    declare_codes(codes or {})
     declare_tuning(tuning or {})
     rec = Record(entry, tuple(families), names)
     for fam in rec.families:

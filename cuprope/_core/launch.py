@@ -1,12 +1,12 @@
 """The geometry pieces every op's launch shares: the device's
-multiprocessor count (read once), a rotated tensor in canonical terms
-(``TensorPlan``), the widest aligned pack width (``pick_vec``) and the
-warp-per-(token, head group) grid (``grid_for``). Nothing here allocates or
-touches a device but ``sm_count``.
+multiprocessor count (read once), the shared memory a block gets without
+opting in, a rotated tensor in canonical terms (``TensorPlan``) and the
+widest aligned pack width (``pick_vec``). Nothing here allocates or touches
+a device but ``sm_count``.
 """
 from __future__ import annotations
 
-from .loader import ITEMSIZE, tuning, vec_widths
+from .kernels import ITEMSIZE, vec_widths
 
 SMEM_LIMIT = 48 * 1024  # per block, the most a launch gets without opting in
 
@@ -20,11 +20,6 @@ def sm_count(device: int) -> int:
         n = cupy.cuda.runtime.getDeviceProperties(device)["multiProcessorCount"]
         _SM_COUNT[device] = n
     return n
-
-
-# Warps per block of the warp-per-(token, head group) kernels, by element
-# size (loader.TUNING: the values the kernels compile with).
-WARPS_PER_BLOCK = {2: tuning("CUPROPE_WARPS16"), 4: tuning("CUPROPE_WARPS32")}
 
 
 class TensorPlan:
@@ -58,31 +53,3 @@ def pick_vec(dtype, plans, npairs, tail, n_batch, n_seq, widths=None) -> int:
         if acc % vec == 0:
             return vec
     return 1
-
-
-def grid_for(sms, itemsize, npairs, chunks, htot, tokens, shared_cs, ring=0, max_steps=0):
-    """(grid, block, head groups per token, heads per group, shared bytes).
-
-    One warp per (token, head group). A warp covers 32 // min(chunks, 32) heads
-    per step; with few tokens the heads of a token are split over several warps
-    so the GPU still fills (decode). ``shared_cs``: the warp keeps the token's
-    cos/sin in shared memory (the shared angle source); ``ring``: the bytes
-    of its load ring (ring_bytes); ``max_steps``: the most steps per warp (0:
-    no cap)."""
-    rpw = 32 // min(chunks, 32)
-    steps = -(-htot // rpw)                     # warp steps to cover all heads
-    wpb = WARPS_PER_BLOCK[itemsize]
-    want = 16 * sms * wpb
-    groups = max(1, min(steps, -(-want // tokens)))
-    if max_steps:
-        groups = max(groups, -(-steps // max_steps))
-    per_group = -(-steps // groups) * rpw
-    groups = -(-htot // per_group)
-    smem_per_warp = (npairs * 8 if shared_cs else 0) + ring
-    while wpb > 1 and wpb * smem_per_warp > SMEM_LIMIT:
-        wpb //= 2
-    if smem_per_warp > SMEM_LIMIT:
-        raise ValueError(f"rotary_dim {2 * npairs} is too large: one warp's cos/sin table and load "
-                         f"ring need {smem_per_warp} bytes of shared memory (at most {SMEM_LIMIT})")
-    units = tokens * groups
-    return (-(-units // wpb), 1, 1), (32 * wpb, 1, 1), groups, per_group, wpb * smem_per_warp

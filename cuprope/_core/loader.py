@@ -4,7 +4,8 @@ The ``.cu``/``.cuh`` sources ship inside the package (``cuprope.kernels``).
 CuPy's on-disk cache keys on the source string and options but not on
 ``#include``d files, so a hash of every file in the kernel folder is passed as
 a ``-D`` option: editing any header changes the key. The constants the kernels
-share with the host (constants.py) are passed as ``-D`` options too. Which
+share with the host and their tuning values (each record's, gathered in
+constants.py) are passed as ``-D`` options too. Which
 translation unit a family is compiled from, and its instantiations, come
 from the family's record (kernels.py): the loader names no kernel.
 """
@@ -20,11 +21,10 @@ KERNEL_PACKAGE = "cuprope.kernels"
 # The name-building pieces and the registry (kernels.py), re-exported.
 from .kernels import DTYPE_CTYPES, ITEMSIZE, all_kernel_names, family_names, vec_widths  # noqa: F401
 
-# The constants and tuning values (constants.py), re-exported: the loader's
-# callers and the kernels' -D options read the same objects.
-from .constants import (CODES, KV_ANGLES, KV_COS_SIN_F32, KV_COS_SIN_T, KV_FP8_CACHE,  # noqa: F401
-                        KV_FP8_Q, KV_TABLES_T, LRPE_ACTS, SEQ_SLICES, SRC_PER_HEAD, SRC_SHARED, SRC_TABLE,
-                        TUNING, TUNING_DEFAULTS, _overrides, tuning)
+# The codes and tuning values the records declared (constants.py),
+# re-exported: the loader's callers and the kernels' -D options read the same
+# objects.
+from .constants import CODES, TUNING, TUNING_DEFAULTS, _overrides, tuning  # noqa: F401
 
 
 def kernel_dir():

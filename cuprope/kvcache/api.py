@@ -12,7 +12,8 @@ from .._core import engine, fastpath, validate
 from .._core.arrays import describe, overlaps
 from .._core import launcher
 from .launch import angle_table, copy_packs, kv_spec, pick_kv_vec
-from .._core.loader import KV_ANGLES, KV_FP8_CACHE, KV_FP8_Q
+from ..rope.kernels import KV_ANGLES
+from .kernels import KV_FP8_CACHE, KV_FP8_Q
 from .._core.torch_guard import engaged_any
 from ..config import RopeConfig
 from .arrays import index_info, np_view, to_host, token_geometry

@@ -6,11 +6,14 @@ The decode rows, compiled from the same unit, are the core's
 from __future__ import annotations
 
 from .._core import kernels
-from .._core.constants import KV_ANGLES, KV_COS_SIN_F32, KV_COS_SIN_T
 from .._core.kernels import DTYPE_CTYPES, cbool
-from ..rope.kernels import lrpe_vec_widths
+from ..rope.kernels import KV_ANGLES, KV_COS_SIN_F32, KV_COS_SIN_T, lrpe_vec_widths
 
 ENTRY = "kvcache.cu"
+# The bits of kv_rope_kernel's FP8 parameter: q's output, the k/v caches in
+# e4m3 (kernels kKvFp8*; the prologue and MLA kernels read them too).
+KV_FP8_Q, KV_FP8_CACHE = 1, 2
+CODES = {"CUPROPE_KV_FP8_Q": KV_FP8_Q, "CUPROPE_KV_FP8_CACHE": KV_FP8_CACHE}
 # computed angles; the cos_sin_cache sources; the computed angles' WIDE
 # instantiations (widest packs, held to more resident warps: many-wave grids),
 # compiled only when a launch first takes one
@@ -64,4 +67,4 @@ def kv_kernel_names(family: str | None = None) -> list[str]:
 TUNING = {"CUPROPE_KV_MIN_BLOCKS": 0, "CUPROPE_KV_WIDE_MIN_BLOCKS": 4,
           "CUPROPE_KV_WIDE_WARPS_PER_SM": 64}
 
-kernels.register(ENTRY, FAMILIES, kv_kernel_names, TUNING)
+kernels.register(ENTRY, FAMILIES, kv_kernel_names, TUNING, CODES)

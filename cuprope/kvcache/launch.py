@@ -6,11 +6,12 @@ from __future__ import annotations
 
 from .._core import launcher
 from .._core.args import KV_ARGS, ROPE_ARGS
-from .._core.launch import grid_for, sm_count
-from .._core.loader import ITEMSIZE, KV_ANGLES, SRC_SHARED, tuning
+from .._core.launch import sm_count
+from .._core.loader import ITEMSIZE, tuning
 from ..rope import decode
 from ..rope.kernels import lrpe_vec_widths
-from ..rope.launch import MAX_STEPS
+from ..rope.kernels import KV_ANGLES, SRC_SHARED
+from ..rope.launch import MAX_STEPS, grid_for
 from .kernels import kv_family_of, kv_kernel_name
 
 

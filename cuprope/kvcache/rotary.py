@@ -14,7 +14,7 @@ from .._core import engine, fastpath, validate
 from .._core.arrays import describe, overlaps
 from .._core import launcher
 from .launch import kv_spec, pick_kv_vec
-from .._core.loader import KV_COS_SIN_F32, KV_COS_SIN_T
+from ..rope.kernels import KV_COS_SIN_F32, KV_COS_SIN_T
 from . import cache_copy
 from .arrays import index_info, np_view, to_host
 from ..config import LaunchCache

@@ -18,9 +18,8 @@ from .._core.launch import TensorPlan, pick_vec, sm_count
 from .._core import launcher
 from .._core.launcher import on_device
 from .._core.layout import canon_sizes, canon_strides
-from .._core.loader import LRPE_ACTS
 from .._core.torch_guard import engaged
-from ..rope.kernels import lrpe_vec_widths
+from ..rope.kernels import LRPE_ACTS, lrpe_vec_widths
 from ..rope.launch import LRPE_CALLS, rope_spec
 from ..config import RopeConfig, host_array
 from .reference import ACTS, activation, backward_reference, forward_reference, rotate

@@ -11,7 +11,7 @@ import numpy as np
 from ..kvcache import reference as kref
 from .._core import engine, fastpath, launcher, validate
 from .._core.arrays import describe, overlaps
-from .._core.loader import KV_FP8_CACHE, KV_FP8_Q
+from ..kvcache.kernels import KV_FP8_CACHE, KV_FP8_Q
 from .._core.torch_guard import engaged_any
 from ..config import RopeConfig
 from ..kvcache.arrays import index_info, np_view, to_host

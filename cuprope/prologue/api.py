@@ -15,7 +15,8 @@ from ..kvcache.api import cache_fields
 from .. import reference as rref
 from .._core import engine, fastpath, launcher, validate
 from .._core.arrays import describe, overlaps
-from .._core.loader import KV_FP8_CACHE, KV_FP8_Q, vec_widths
+from .._core.loader import vec_widths
+from ..kvcache.kernels import KV_FP8_CACHE, KV_FP8_Q
 from .._core.torch_guard import engaged_any
 from ..config import RopeConfig
 from ..kvcache.arrays import np_view, to_host, token_geometry

@@ -14,8 +14,8 @@ import warnings
 from .._core import driver
 from .._core.args import KV_ARGS, TABLE_ARGS, ROPE_ARGS
 from .._core.launcher import LaunchSpec, plan
-from .._core.loader import ITEMSIZE, KV_COS_SIN_T, tuning, vec_widths
-from .kernels import DECODE_FAMILY, KV_ANGLE_TABLE_KERNEL, decode_kernel_name
+from .._core.loader import ITEMSIZE, tuning, vec_widths
+from .kernels import DECODE_FAMILY, KV_ANGLE_TABLE_KERNEL, KV_COS_SIN_T, decode_kernel_name
 
 FAMILY = DECODE_FAMILY
 # Read per launch plan (tests and benchmarks set them): the most tokens a

@@ -7,15 +7,17 @@ from __future__ import annotations
 
 from . import decode
 from .._core.args import ROPE_ARGS
-from .._core.launch import SMEM_LIMIT, WARPS_PER_BLOCK, TensorPlan, grid_for, pick_vec
+from .._core.launch import SMEM_LIMIT, TensorPlan, pick_vec
 from .._core.launcher import LaunchSpec
-from .._core.loader import (ITEMSIZE, KV_ANGLES, KV_TABLES_T, LRPE_ACTS, SEQ_SLICES,
-                            SRC_PER_HEAD, SRC_SHARED, SRC_TABLE, tuning)
-from .kernels import (family_of, flat_kernel_name, kernel_name, lrpe_vec_widths,
+from .._core.loader import ITEMSIZE, tuning
+from .kernels import (KV_ANGLES, KV_TABLES_T, LRPE_ACTS, SEQ_SLICES, SRC_PER_HEAD, SRC_SHARED,
+                      SRC_TABLE, family_of, flat_kernel_name, kernel_name, lrpe_vec_widths,
                       seq_stats_kernel_name)
 
 # The tuning values come from loader.TUNING, the same ones the kernels compile
-# with (constants.py has the defaults and what they measured). By element size:
+# with (kernels.py has the defaults and what they measured). By element size:
+# warps per block of the warp-per-(token, head group) kernels;
+WARPS_PER_BLOCK = {2: tuning("CUPROPE_WARPS16"), 4: tuning("CUPROPE_WARPS32")}
 # the depth of the shared-memory load ring of the plain shared-angle and
 # cos/sin-table kernels with 16-byte packs;
 STAGES = {2: tuning("CUPROPE_STAGES16"), 4: tuning("CUPROPE_STAGES32")}
@@ -66,6 +68,34 @@ def ring_bytes(stages, src) -> int:
     if not stages:
         return 0
     return (2 * stages + (4 if src == SRC_TABLE else 0)) * SLOT_BYTES
+
+
+def grid_for(sms, itemsize, npairs, chunks, htot, tokens, shared_cs, ring=0, max_steps=0):
+    """(grid, block, head groups per token, heads per group, shared bytes).
+
+    One warp per (token, head group). A warp covers 32 // min(chunks, 32) heads
+    per step; with few tokens the heads of a token are split over several warps
+    so the GPU still fills (decode). ``shared_cs``: the warp keeps the token's
+    cos/sin in shared memory (the shared angle source); ``ring``: the bytes
+    of its load ring (ring_bytes); ``max_steps``: the most steps per warp (0:
+    no cap)."""
+    rpw = 32 // min(chunks, 32)
+    steps = -(-htot // rpw)                     # warp steps to cover all heads
+    wpb = WARPS_PER_BLOCK[itemsize]
+    want = 16 * sms * wpb
+    groups = max(1, min(steps, -(-want // tokens)))
+    if max_steps:
+        groups = max(groups, -(-steps // max_steps))
+    per_group = -(-steps // groups) * rpw
+    groups = -(-htot // per_group)
+    smem_per_warp = (npairs * 8 if shared_cs else 0) + ring
+    while wpb > 1 and wpb * smem_per_warp > SMEM_LIMIT:
+        wpb //= 2
+    if smem_per_warp > SMEM_LIMIT:
+        raise ValueError(f"rotary_dim {2 * npairs} is too large: one warp's cos/sin table and load "
+                         f"ring need {smem_per_warp} bytes of shared memory (at most {SMEM_LIMIT})")
+    units = tokens * groups
+    return (-(-units // wpb), 1, 1), (32 * wpb, 1, 1), groups, per_group, wpb * smem_per_warp
 
 
 def token_tile(sms, itemsize, chunks, htot, n_batch, n_seq) -> int:

@@ -12,7 +12,7 @@ from .._core.launch import TensorPlan
 from .._core.layout import canon_sizes, canon_strides
 from .._core.xla import AvalInfo, constant_operand, emit, kernel_call, layout_of, row_major, sm_count
 from ..config import LAYOUTS
-from .kernels import ENTRY
+from .kernels import ENTRY, LRPE_ACTS
 from .launch import rope_spec
 
 def theta_table(call) -> np.ndarray:
@@ -104,8 +104,8 @@ def _plan(call, avals):
         table = np.zeros((theta.shape[0], d // 2))
         table[:, :theta.shape[1]] = theta  # angle 0: the pair passes through exactly
         inputs["inv_freq_ptr"] = table
-        act = (loader.LRPE_ACTS["softmax_seq"] if call.act == "softmax" and call.dim == 1
-               else loader.LRPE_ACTS.get(call.act, 0))
+        act = (LRPE_ACTS["softmax_seq"] if call.act == "softmax" and call.dim == 1
+               else LRPE_ACTS.get(call.act, 0))
         fused_x = call.inverse and act != 0
         kw.update(interleaved=False, rot_dim=d, copy_rest=False, act=act, backward_act=fused_x,
                   inv_freq_ptr=1, freq_sh=d // 2 if table.shape[0] > 1 else 0)
