@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 import cuprope
-from cuprope._core import args, loader
+from cuprope._core import loader
+from cuprope.rope import args
 from cuprope.rope import decode, launch
 from cuprope.rope import kernels as rope_kernels
 

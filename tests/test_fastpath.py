@@ -8,7 +8,8 @@ import struct
 import numpy as np
 import pytest
 
-from cuprope._core import args, driver, fastpath, launcher
+from cuprope._core import driver, fastpath, launcher
+from cuprope.rope import args
 from cuprope.rope import fast as rope_fast, launch
 from cuprope.qknorm import kernels as qknorm_kernels
 

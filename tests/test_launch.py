@@ -6,7 +6,8 @@ import struct
 
 import pytest
 
-from cuprope._core import args, launcher, loader
+from cuprope._core import args as core_args, launcher, loader
+from cuprope.rope import args
 from cuprope.rope import kernels as rope_kernels
 from cuprope.rope import launch
 from cuprope.qknorm import kernels as qknorm_kernels
@@ -107,10 +108,10 @@ def test_flat_order_takes_every_pointer_first_inputs_before_outputs(st):
     ("CUPROPE_FLAT_QKNORM", qknorm_kernels.QKNORM_ARGS, "qknorm_flat.cuh")])
 def test_flat_entry_source_is_generated_from_the_field_list(prefix, st, header):
     """The flat entries' parameter list and struct rebuild come from the
-    field list (args.flat_defines): parameters are the pointer roles then
+    field list (core_args.flat_defines): parameters are the pointer roles then
     w<slot> for the other words; the rebuild puts each word at its slot; the
     header uses them and the one shared rebuild helper."""
-    defines = dict(d[2:].split("=", 1) for d in args.flat_defines())
+    defines = dict(d[2:].split("=", 1) for d in core_args.flat_defines())
     params = [p.strip() for p in defines[f"{prefix}_PARAMS"].split(",")]
     assert all(p.startswith("long long ") for p in params)
     params = [p.split()[-1] for p in params]

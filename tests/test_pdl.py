@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 import cuprope
-from cuprope._core import args, driver, fastpath, launcher, loader
+from cuprope._core import driver, fastpath, launcher, loader
+from cuprope.rope import args
 from cuprope.rope import decode, launch
 from cuprope.rope import fast as rope_fast
 from cuprope.rope import kernels as rope_kernels

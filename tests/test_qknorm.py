@@ -511,7 +511,7 @@ def test_host_mirror_is_the_c_struct():
     field by field: a RopeArgs, then the norm's fields; its rounding codes are
     the reference's roundings in order."""
     from test_launch import c_struct_fields
-    from cuprope._core import args
+    from cuprope.rope import args
     from cuprope.qknorm import kernels as qknorm_kernels, launch as ql
     fields = c_struct_fields("qknorm.cuh", "QkNormArgs")
     assert fields[0] == ("r", 1, "RopeArgs")

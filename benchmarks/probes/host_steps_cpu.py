@@ -20,7 +20,8 @@ import numpy as np
 import torch
 
 import cuprope
-from cuprope._core import args, driver, fastpath, launcher
+from cuprope._core import driver, fastpath, launcher
+from cuprope.rope import args
 from cuprope.rope import fast as rope_fast, launch
 
 N = 20000

@@ -1,10 +1,8 @@
 """The kernels' argument structs on the host, each from one named, ordered
-field list (:class:`ArgStruct`): the class, ``struct RopeArgs`` and
-``KvArgs`` (kernels/args.cuh) and ``kv_angle_table_kernel``'s scalar
-parameters (an op's own structs are in its kernel record); and the flat
-entries' generated parameter lists (:func:`flat_defines`, entries declared
-by the records: :func:`declare_flat`). Tests compare the lists with the C
-structs.
+field list (:class:`ArgStruct`; each op's structs are in its package), and
+the flat entries' generated parameter lists (:func:`flat_defines`, entries
+declared by the records: :func:`declare_flat`). Tests compare the lists with
+the C structs.
 """
 from __future__ import annotations
 
@@ -82,40 +80,9 @@ class ArgStruct:
         return params, words
 
 
-# struct RopeArgs (kernels/args.cuh) field by field, in order.
-ROPE_ARGS = ArgStruct("RopeArgs", (
-    ("in_ptr", 2, "q"), ("out_ptr", 2, "q"),
-    ("in_sb", 2, "q"), ("in_ss", 2, "q"), ("in_sh", 2, "q"),
-    ("out_sb", 2, "q"), ("out_ss", 2, "q"), ("out_sh", 2, "q"),
-    ("heads", 2, "q"), ("n_batch", 1, "q"), ("n_seq", 1, "q"),
-    ("head_dim", 1, "q"), ("rot_dim", 1, "q"), ("copy_rest", 1, "q"),
-    ("pos_ptr", 1, "q"), ("pos_is64", 1, "q"),
-    ("pos_s_stream", 1, "q"), ("pos_sb", 1, "q"), ("pos_ss", 1, "q"),
-    ("seq_off_ptr", 1, "q"), ("seq_off_is64", 1, "q"), ("offset", 1, "q"),
-    ("inv_freq_ptr", 1, "q"), ("freq_sh", 1, "q"), ("stream_map_ptr", 1, "q"),
-    ("scale", 1, "d"), ("sin_sign", 1, "d"),
-    ("head_groups", 1, "q"), ("heads_per_group", 1, "q"),
-    ("aux_ptr", 1, "q"), ("aux_sb", 1, "q"), ("aux_ss", 1, "q"), ("aux_sh", 1, "q"),
-    ("stats_ptr", 1, "q"), ("stats_plane", 1, "q"),
-    ("tok_tile", 1, "q"),
-), pointers=("in_ptr0", "in_ptr1", "pos_ptr", "seq_off_ptr", "inv_freq_ptr", "stream_map_ptr",
-             "aux_ptr", "out_ptr0", "out_ptr1", "stats_ptr"),
-    outputs=("out_ptr0", "out_ptr1", "stats_ptr"))
-
-# struct KvArgs (kernels/args.cuh), the KV-cache dialect's second argument (all int64).
-KV_ARGS = ArgStruct("KvArgs", tuple((name, 1, "q") for name in (
-    "v_ptr", "v_sb", "v_ss", "v_sh", "k_cache", "v_cache", "kc_sp", "kc_sr", "kc_sh",
-    "vc_sp", "vc_sr", "vc_sh", "num_pages", "page_size", "slot_ptr", "batch_ptr", "cpos_ptr",
-    "indices_ptr", "indptr_ptr", "n_indices", "index_is64", "n_seqs", "q_scale", "k_scale",
-    "v_scale", "kv_scale_sh", "cs_ptr", "cs_st", "cs_rows", "write_rest")))
-
-# kv_angle_table_kernel's parameters after its RopeArgs (kernels/kvcache.cuh).
-TABLE_ARGS = ArgStruct("kv_angle_table_kernel", (("out_ptr", 1, "q"), ("rows", 1, "q")),
-                       spread=True)
-
 # The flat entries generated from the field lists: define prefix -> struct
-# (the rotation's here; an op's kernel record declares its own: declare_flat).
-FLAT_ENTRIES = {"CUPROPE_FLAT_ROPE": ROPE_ARGS}
+# (each op's kernel record declares its own: declare_flat).
+FLAT_ENTRIES: dict = {}
 
 
 def declare_flat(prefix: str, struct: ArgStruct) -> None:
@@ -136,8 +103,3 @@ def flat_defines() -> tuple[str, ...]:
         params, words = st.flat_source()
         out += [f"-D{prefix}_PARAMS={params}", f"-D{prefix}_WORDS={words}"]
     return tuple(out)
-
-
-# Short names the rope code uses.
-ARGS_FIELDS, ARGS, ARGS_SLOTS = ROPE_ARGS.fields, ROPE_ARGS.packer, ROPE_ARGS.slots
-pack_args, pack_kv_args = ROPE_ARGS.pack, KV_ARGS.pack

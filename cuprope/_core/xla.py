@@ -67,7 +67,7 @@ def constant_operand(table):
 # results) or a scalar. cuprope's kernels take one RopeArgs struct, which no
 # flat parameter list can carry, so each instantiation also has a flat entry
 # (kernels/flat.cuh, its parameters generated from the field list:
-# args.ROPE_ARGS): the struct's ten pointers first, in XLA's buffer order, then
+# the record's ArgStruct): the struct's ten pointers first, in XLA's buffer order, then
 # its other 35 words in struct order.
 def kernel_call(name, *, entry, grid, warps, smem, params, operands, operand_layouts,
                 result_avals, operand_output_aliases=None):

@@ -5,11 +5,11 @@ rows) and the two argument structs (``kv_spec``), packed per call.
 from __future__ import annotations
 
 from .._core import launcher
-from .._core.args import KV_ARGS, ROPE_ARGS
 from .._core.launch import sm_count
 from .._core.loader import ITEMSIZE, tuning
 from ..rope import decode
 from ..rope.kernels import lrpe_vec_widths
+from ..rope.args import KV_ARGS, ROPE_ARGS
 from ..rope.kernels import KV_ANGLES, SRC_SHARED
 from ..rope.launch import MAX_STEPS, grid_for
 from .kernels import kv_family_of, kv_kernel_name

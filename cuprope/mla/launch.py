@@ -9,9 +9,9 @@ addressing, the fp8 scales) and MlaArgs (q_nope and its output, the widths).
 from __future__ import annotations
 
 from .._core import launcher
-from .._core.args import KV_ARGS, ROPE_ARGS
 from .._core.launch import sm_count
 from .._core.loader import tuning
+from ..rope.args import KV_ARGS, ROPE_ARGS
 from ..rope.kernels import lrpe_vec_widths
 from .kernels import FAMILY as MLA_FAMILY, MLA_ARGS, mla_kernel_name
 

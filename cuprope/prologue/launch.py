@@ -5,10 +5,10 @@ QK-norm blocks followed by the v part's blocks.
 """
 from __future__ import annotations
 
-from .._core import args
 from . import kernels
 from ..qknorm import launch as qknorm_launch
 from .._core.args import ArgStruct
+from ..rope.args import KV_ARGS
 from .._core.launch import sm_count
 from .._core.launcher import LaunchSpec
 
@@ -57,7 +57,7 @@ def spec(call, qi, qo, ki, device, *, kv, fp8, packs, tokens, inv_freq_ptr,
     v_blocks = max(1, min(-(-tokens // warps), V_WARPS_PER_SM * sms // warps))
     name = kernels.prologue_kernel_name(call.dtype, call.config.interleaved, geo.vec, fp8)
     params = [(qknorm_launch.QKNORM_ARGS, qknorm_launch.QKNORM_ARGS.pack(**fields)),
-              (args.KV_ARGS, args.KV_ARGS.pack(**kv)),
+              (KV_ARGS, KV_ARGS.pack(**kv)),
               (PROLOGUE_ARGS, PROLOGUE_ARGS.pack(norm_blocks=geo.blocks, packs=packs))]
     return LaunchSpec(name, kernels.prologue_family_of(call.dtype, fp8),
                       (geo.blocks + v_blocks, 1, 1), (qknorm_launch.THREADS, 1, 1), geo.smem,

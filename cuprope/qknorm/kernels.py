@@ -4,7 +4,8 @@ tuning values and its argument structs (and flat entry)."""
 from __future__ import annotations
 
 from .._core import kernels
-from .._core.args import ROPE_ARGS, ArgStruct, declare_flat
+from .._core.args import ArgStruct, declare_flat
+from ..rope.args import ROPE_ARGS
 from .._core.kernels import DTYPE_CTYPES, cbool, vec_widths
 
 ENTRY = "rope.cu"

@@ -12,7 +12,7 @@ from __future__ import annotations
 import warnings
 
 from .._core import driver
-from .._core.args import KV_ARGS, TABLE_ARGS, ROPE_ARGS
+from .args import KV_ARGS, TABLE_ARGS, ROPE_ARGS
 from .._core.launcher import LaunchSpec, plan
 from .._core.loader import ITEMSIZE, tuning, vec_widths
 from .kernels import DECODE_FAMILY, KV_ANGLE_TABLE_KERNEL, KV_COS_SIN_T, decode_kernel_name

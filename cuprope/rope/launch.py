@@ -6,7 +6,7 @@ through it). ``rope_spec`` allocates nothing and touches no device.
 from __future__ import annotations
 
 from . import decode
-from .._core.args import ROPE_ARGS
+from .args import ROPE_ARGS
 from .._core.launch import SMEM_LIMIT, TensorPlan, pick_vec
 from .._core.launcher import LaunchSpec
 from .._core.loader import ITEMSIZE, tuning
