@@ -314,8 +314,9 @@ def eager_generate_rows(name, impls, run):
                         times[impl][1].append(full)
             case, shape = f"{name} B {b}", f"B {b} prefill {run.prefill} then {run.decode} steps"
             for impl, ctx in impls.items():
+                others = ", ".join(i for i in impls if i != impl)
                 rows += _generation_rows(name, impl, b, *times[impl], run,
-                                         f", interleaved with {', '.join(i for i in impls if i != impl)}")
+                                         f", interleaved with {others}")
                 with ctx(model):
                     rows.append(_decode_profile(model, ids, case, shape, impl, run))
     finally:

@@ -1,7 +1,7 @@
 // Kernel arguments, passed by value as one struct to every kernel. Every
 // field is 8 bytes so the host's packing has the same layout with no padding
 // rules involved. Strides are in elements. In a file of its own because the
-// host mirrors it field by field (ROPE_ARGS in cuprope/_core/args.py; a test
+// host mirrors it field by field (ROPE_ARGS in the rotation's args module; a test
 // compares the two): a change here goes with one there.
 #pragma once
 
@@ -48,7 +48,7 @@ struct RopeArgs {
 // a contiguous last dim and batch / sequence strides pos_sb / pos_ss.
 
 // The KV-cache dialect's extra arguments (kernels/kvcache.cuh; host mirror
-// KV_ARGS in cuprope/_core/args.py). The RopeArgs beside it carries q
+// KV_ARGS beside ROPE_ARGS). The RopeArgs beside it carries q
 // (tensor 0) and k (tensor 1) with their outputs, positions and angles.
 struct KvArgs {
   long long v_ptr;                     // v, tensor 1's geometry (0: no v)

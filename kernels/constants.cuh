@@ -1,7 +1,8 @@
 // The compile-time constants the kernels share with the host. Every value is
-// defined in cuprope/_core/loader.py (CODES, TUNING_DEFAULTS) and arrives as a
-// -D option, so the host's copies are the same values by construction: no
-// default lives here, and a compile without them stops at the #error.
+// declared by an op's kernel record (its codes and tuning) and arrives as a
+// -D option (cuprope/_core/loader.py), so the host's copies are the same
+// values by construction: no default lives here, and a compile without them
+// stops at the #error.
 #pragma once
 
 #if !defined(CUPROPE_SRC_SHARED) || !defined(CUPROPE_SRC_PER_HEAD) ||                  \

@@ -1,4 +1,4 @@
-"""The launch-argument struct on the host (ROPE_ARGS, cuprope/_core/args.py)
+"""The launch-argument struct on the host (ROPE_ARGS, cuprope/rope/args.py)
 against the C struct the kernels read (kernels/args.cuh), and packing it by
 field name. No GPU needed."""
 import re

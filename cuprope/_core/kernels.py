@@ -2,8 +2,8 @@
 translation unit (a ``.cu`` file of the kernel folder) its kernels are
 compiled from, the families (modules compiled on first use) its
 instantiations are grouped into, a function giving a family's name
-expressions, its codes and its tuning values. The loader compiles a family from its
-record; listings read every record. Records register when their op package
+expressions, its codes and its tuning values. The loader compiles a family
+from its record; listings read every record. Records register when their op package
 is imported (``import cuprope`` imports them all).
 
 Also the pieces every name expression is built from: the element types'

@@ -216,8 +216,9 @@ def cached_plan(cache, key, spec_of, device):
 class FlatCall:
     """A LaunchSpec as one flat kernel call (jaxlib's GPU kernel call):
     ``name`` (the flat entry's name expression), ``family`` (the kernel
-    family whose translation unit holds it), ``grid``, ``warps`` per block, ``smem``, ``params`` (("array", align) or ("scalar", value, kind)
-    in the entry's parameter order), ``operands`` (what each array
+    family whose translation unit holds it), ``grid``, ``warps`` per block,
+    ``smem``, ``params`` (("array", align) or ("scalar", value, kind) in
+    the entry's parameter order), ``operands`` (what each array
     parameter that is not a result reads, in order: ("operand", i),
     ("constant", host table) or ("part",), an earlier call's scratch result)
     and ``results`` ((shape, dtype) in order)."""

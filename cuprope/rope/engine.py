@@ -3,8 +3,8 @@ NumPy backend (host arrays) or becomes a launch plan on the GPU.
 :func:`rope_call` is the core entry (``cuprope.rope.api`` calls it);
 :func:`run_plan` launches a plan of the rope kernel family for the table
 calls too. Plans are cached on their owner (``RopeConfig._launches``, or a
-table source's) by call signature; a repeated call takes
-the fast path (``fast``) instead.
+table source's) by call signature; a repeated call takes the fast path
+(``fast``) instead.
 """
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ from .._core.validate import check_positions
 from . import decode, fast
 from .launch import rope_spec
 
+
 def rope_call(xs, names, config, inverse, positions, offset, seq_offsets, outs, inplace, stream,
               enable_pdl=False):
     """Rotate ``xs`` (x, or q and k) by ``config``: the whole of
@@ -32,7 +33,7 @@ def rope_call(xs, names, config, inverse, positions, offset, seq_offsets, outs, 
     if not isinstance(config, RopeConfig):
         raise TypeError(f"config must be a cuprope.RopeConfig, got {type(config).__name__}")
     res = fast.fast_path(xs, config, inverse, positions, offset, seq_offsets, outs, inplace,
-                             stream, enable_pdl)
+                         stream, enable_pdl)
     if res is not None:
         return res
     enable_pdl = validate.check_flag(enable_pdl, "enable_pdl")
@@ -48,7 +49,7 @@ def rope_call(xs, names, config, inverse, positions, offset, seq_offsets, outs, 
     if infos[0].device < 0:
         return host_rope(infos, out_infos, config, inverse, pos_info, seq_info, offset)
     cache_key = fast.fast_key(infos[0].kind, xs, config, inverse, positions, seq_offsets,
-                                  outs, inplace, stream, enable_pdl)
+                              outs, inplace, stream, enable_pdl)
     return _gpu_rope(infos, out_infos, config, inverse, pos_info, seq_info, offset, stream,
                      (b, s, d), cache_key, enable_pdl)
 
