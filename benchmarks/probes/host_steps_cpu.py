@@ -121,7 +121,7 @@ def main():
     # ---- after (this tree): a registered plan, a CPU adapter, libc's labs as the driver
     fw = (fastpath.torch_collector(-1), torch.Tensor.data_ptr, torch.empty_like,
           lambda dev: 0, lambda: 0)
-    fastpath._FAST["torch"] = fw
+    fastpath.ADAPTERS["torch"] = fw
     plan = launcher.Plan(0, None, launcher.LaunchSpec(
         "k", "f", (3, 1, 1), (320, 1, 1), 0, [(args.ROPE_ARGS, args.pack_args())],
         launch.ROPE_CALLS, vec=8, align=16))
@@ -151,7 +151,7 @@ def main():
          lambda: seven_writes(plan.words)),
         ("driver call (old: cuLaunchKernel, argtypes, 11 args; new: Ex, 4 ready args)",
          old_launch, lambda: plan.bound.launch(0)),
-        ("whole fast path (old: transcribed; new: fastpath.fast_path)", old_total,
+        ("whole fast path (old: transcribed; new: rope.fast.fast_path)", old_total,
          lambda: rope_fast.fast_path((q, k), cfg, False, pos, 0, None, None, True, None)),
         ("the public call, rope_qk_forward(q, k, cfg, positions=pos, inplace=True)", None,
          lambda: cuprope.rope_qk_forward(q, k, cfg, positions=pos, inplace=True)),
