@@ -64,22 +64,23 @@ def constant_operand(table):
 # jaxlib registers triton_kernel_call with XLA: a custom call whose opaque data
 # names a PTX entry, its grid, block (warps), shared memory and flat
 # parameters, each either an XLA buffer (taken in buffer order: operands, then
-# results) or a scalar. cuprope's kernels take one RopeArgs struct, which no
+# results) or a scalar. cuprope's kernels take one argument struct, which no
 # flat parameter list can carry, so each instantiation also has a flat entry
-# (kernels/flat.cuh, its parameters generated from the field list:
-# the record's ArgStruct): the struct's ten pointers first, in XLA's buffer order, then
-# its other 35 words in struct order.
+# (kernels/flat.cuh, an op's flat header; its parameters generated from the
+# record's ArgStruct): the struct's pointers first, in XLA's buffer
+# order, then its other words in struct order.
 def kernel_call(name, *, entry, grid, warps, smem, params, operands, operand_layouts,
                 result_avals, operand_output_aliases=None):
     """The results of one ``triton_kernel_call`` custom call launching the
     instantiation ``name`` (a name expression of translation unit
-    ``entry``; PTX from NVRTC, compiled for the GPU's compute capability) on ``grid`` (3 ints) with blocks of
-    ``warps`` warps in one dimension and ``smem`` bytes of dynamic shared
-    memory. ``params``: ("array", align) / ("scalar", value, kind) in the
-    kernel's parameter order, the array parameters taking ``operands`` then
-    the results in order. Everything is fixed here; XLA only supplies the
-    buffers. ``operand_output_aliases`` ({operand index: result index}):
-    results that are their operand's buffer (XLA's custom-call aliasing)."""
+    ``entry``; PTX from NVRTC, compiled for the GPU's compute capability)
+    on ``grid`` (3 ints) with blocks of ``warps`` warps in one dimension and
+    ``smem`` bytes of dynamic shared memory. ``params``: ("array", align) /
+    ("scalar", value, kind) in the kernel's parameter order, the array
+    parameters taking ``operands`` then the results in order. Everything is
+    fixed here; XLA only supplies the buffers. ``operand_output_aliases``
+    ({operand index: result index}): results that are their operand's buffer
+    (XLA's custom-call aliasing)."""
     from jax._src.interpreters import mlir as _mlir
     from jax._src.lib import gpu_triton as kc
     from jax._src.lib.mlir import ir
@@ -121,6 +122,7 @@ def emit(ctx, ins, fc, part=None, aliases=None):
     import jax
     result_avals = ([jax.core.ShapedArray(s, d) for s, d in fc.results] if fc.results
                     else ctx.avals_out)
-    return kernel_call(fc.name, entry=kernels.family_names(fc.family)[1], grid=fc.grid, warps=fc.warps, smem=fc.smem, params=fc.params,
-                       operands=operands, operand_layouts=layouts, result_avals=result_avals,
+    return kernel_call(fc.name, entry=kernels.family_names(fc.family)[1], grid=fc.grid,
+                       warps=fc.warps, smem=fc.smem, params=fc.params, operands=operands,
+                       operand_layouts=layouts, result_avals=result_avals,
                        operand_output_aliases=aliases)

@@ -66,7 +66,7 @@ def rotate_1d(x, theta, *, offset: int = 0, act: str = "none", dim=None):
     if dim not in (None, -1, 1):
         raise ValueError(f"dim must be None, -1 (the head dim) or 1 (the sequence dim), "
                          f"got {dim!r}")
-    call = rope_jax.Call("lrpe", 1, layout="bshd" if x.ndim == 4 else "bsd", offset=static_offset(offset),
-                theta=(theta2.shape[0], theta2.tobytes()), act=act,
-                dim=None if dim is None else int(dim))
+    call = rope_jax.Call("lrpe", 1, layout="bshd" if x.ndim == 4 else "bsd",
+                         offset=static_offset(offset), theta=(theta2.shape[0], theta2.tobytes()),
+                         act=act, dim=None if dim is None else int(dim))
     return rope_jax.apply(call, (x,), ())[0]

@@ -132,7 +132,8 @@ batching.primitive_batchers[rope_p] = _batch
 
 def sharding_rule(call, shapes) -> jax_sharding.Rule:
     """The sharding rule of a call of the primitive (rope, table or lrpe)."""
-    xs, heads = jax_sharding.tensor_factors(call.layout, call.n, call.n == 2 and shapes[0] == shapes[1])
+    xs, heads = jax_sharding.tensor_factors(call.layout, call.n,
+                                            call.n == 2 and shapes[0] == shapes[1])
     rest = [len(s) for s in shapes[call.n:]]
     ops, keep = list(xs), {"s", "d", "t", "r", "u"}
     if call.kind == "rope":

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._core import launcher, loader, validate
+from .._core import launcher, validate
 from .._core.launch import TensorPlan
 from .._core.layout import canon_sizes, canon_strides
-from .._core.xla import AvalInfo, constant_operand, emit, kernel_call, layout_of, row_major, sm_count
+from .._core.xla import (AvalInfo, constant_operand, emit, kernel_call, layout_of, row_major,
+                         sm_count)
 from ..config import LAYOUTS
 from .kernels import ENTRY, LRPE_ACTS
 from .launch import rope_spec
