@@ -122,7 +122,7 @@ def emit(ctx, ins, fc, part=None, aliases=None):
     import jax
     result_avals = ([jax.core.ShapedArray(s, d) for s, d in fc.results] if fc.results
                     else ctx.avals_out)
-    return kernel_call(fc.name, entry=kernels.family_names(fc.family)[1], grid=fc.grid,
+    return kernel_call(fc.name, entry=kernels.record_of(fc.family).entry, grid=fc.grid,
                        warps=fc.warps, smem=fc.smem, params=fc.params, operands=operands,
                        operand_layouts=layouts, result_avals=result_avals,
                        operand_output_aliases=aliases)

@@ -270,8 +270,8 @@ def dw_specs(call, geo, *, part_ptr=0, out_ptrs=(0, 0), out_dtype=None):
         if w is None:
             continue
         raw = kernels.DW_ARGS.pack(part_ptr=part_ptr, rows=geo.part_rows, stride=geo.part_cols,
-                                col0=0 if i == 0 else wlen[0], cols=wlen[i], out_ptr=out_ptrs[i],
-                                out_dtype=W_DTYPE[out_dtype or w.dtype])
+                                   col0=0 if i == 0 else wlen[0], cols=wlen[i],
+                                   out_ptr=out_ptrs[i], out_dtype=W_DTYPE[out_dtype or w.dtype])
         out.append((i, LaunchSpec(kernels.QKNORM_DW_KERNEL, kernels.FAMILY, (-(-wlen[i] // 32), 1, 1),
                                   (THREADS, 1, 1), 0, [(kernels.DW_ARGS, raw)], DW_CALLS)))
     return out
