@@ -60,7 +60,8 @@ def test_collector_refuses_what_it_cannot_key():
     with pytest.raises(fastpath.NoFastPath):
         collect((t,), min_device=0)               # a host tensor where a GPU is needed
     assert fastpath.ticket(None, ("h",), (t,)) is None
-    assert fastpath.ticket((fastpath.torch_collector(0),), ("h",), (t,)) is None
+    fw = fastpath.Adapter(fastpath.torch_collector(0), *[None] * 4)
+    assert fastpath.ticket(fw, ("h",), (t,)) is None
 
 
 class Payload:
@@ -72,8 +73,8 @@ class Payload:
 
 
 def _fw(device=0):
-    return (fastpath.torch_collector(-1), torch.Tensor.data_ptr, torch.empty_like,
-            lambda dev: 1000 + dev, lambda: device)
+    return fastpath.Adapter(fastpath.torch_collector(-1), torch.Tensor.data_ptr, torch.empty_like,
+                            lambda dev: 1000 + dev, lambda: device)
 
 
 def test_guard_windows_keep_overlapping_pointers_to_the_variant_validated():
@@ -88,7 +89,7 @@ def test_guard_windows_keep_overlapping_pointers_to_the_variant_validated():
     spans = [(0, 128), (0, 128)]
     clean = Payload()
     fastpath.remember(plans, tkt, spans, clean)
-    entry = plans[tkt[0]]
+    entry = plans[tkt.key]
     assert entry.guards == ((0, 1, -128, 128),)
     assert list(entry.variants) == [(None,)]       # 128 bytes apart: outside the window
     # other buffers, same layout and difference: the same launch
@@ -269,8 +270,8 @@ def test_qknorm_fast_forward_runs_the_registered_plan_with_the_call_values(monke
     outputs, and a call with other settings or shapes is not taken."""
     import cuprope
     from cuprope import qknorm
-    fw = (fastpath.torch_collector(-1), torch.Tensor.data_ptr, torch.empty_like,
-          lambda dev: 1000 + dev, lambda: 0)
+    fw = fastpath.Adapter(fastpath.torch_collector(-1), torch.Tensor.data_ptr, torch.empty_like,
+                          lambda dev: 1000 + dev, lambda: 0)
     monkeypatch.setitem(fastpath.ADAPTERS, "torch", fw)
     cfg = cuprope.RopeConfig(64)
     q, k = torch.randn(1, 1, 4, 64), torch.randn(1, 1, 2, 64)

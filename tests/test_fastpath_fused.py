@@ -71,8 +71,8 @@ def fake_gpu(monkeypatch):
     monkeypatch.setattr(cuprope.RopeConfig, "device_tables", lambda self, device: (Table, None))
     for mod in ("cuprope.prologue.launch", "cuprope.mla.launch"):
         monkeypatch.setattr(sys.modules[mod], "sm_count", lambda device: 132)
-    fw = (fastpath.torch_collector(-1), torch.Tensor.data_ptr, torch.empty_like,
-          lambda dev: 1000 + dev, lambda: 0)
+    fw = fastpath.Adapter(fastpath.torch_collector(-1), torch.Tensor.data_ptr, torch.empty_like,
+                          lambda dev: 1000 + dev, lambda: 0)
     monkeypatch.setitem(fastpath.ADAPTERS, "torch", fw)
     return log
 

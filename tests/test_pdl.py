@@ -188,8 +188,8 @@ class Payload:
 
 def _cpu_fast(monkeypatch):
     """Let CPU torch tensors into the fast paths (a registered plan is then run)."""
-    fw = (fastpath.torch_collector(-1), torch.Tensor.data_ptr, torch.empty_like,
-          lambda dev: 1000 + dev, lambda: 0)
+    fw = fastpath.Adapter(fastpath.torch_collector(-1), torch.Tensor.data_ptr, torch.empty_like,
+                          lambda dev: 1000 + dev, lambda: 0)
     monkeypatch.setitem(fastpath.ADAPTERS, "torch", fw)
     return fw
 

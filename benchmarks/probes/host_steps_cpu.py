@@ -119,8 +119,8 @@ def main():
         return tuple(res)
 
     # ---- after (this tree): a registered plan, a CPU adapter, libc's labs as the driver
-    fw = (fastpath.torch_collector(-1), torch.Tensor.data_ptr, torch.empty_like,
-          lambda dev: 0, lambda: 0)
+    fw = fastpath.Adapter(fastpath.torch_collector(-1), torch.Tensor.data_ptr, torch.empty_like,
+                          lambda dev: 0, lambda: 0)
     fastpath.ADAPTERS["torch"] = fw
     plan = launcher.Plan(0, None, launcher.LaunchSpec(
         "k", "f", (3, 1, 1), (320, 1, 1), 0, [(args.ROPE_ARGS, args.pack_args())],
@@ -139,14 +139,14 @@ def main():
         ("one signature: old (dtype, shape, stride(), device, ptr % 16)",
          lambda: old_part(q), None),
         ("one signature: new key += (dtype, shape, stride(), get_device(), ptr & 15)",
-         None, lambda: fw[0]((q,), [], [])),
+         None, lambda: fw.collect((q,), [], [])),
         ("x.device / x.get_device()", lambda: q.device, lambda: q.get_device()),
         ("x.data_ptr()", lambda: q.data_ptr(), None),
         ("key of q, k, positions (old: nested, + k - q; new: flat ticket)", old_key,
          lambda: rope_fast.rope_ticket(fw, (q, k), False, pos, None, None, True)),
         ("dict lookup of that key (old: nested tuple; new: lookup + device stub)",
          lambda: old_plans.get(okey),
-         lambda: fastpath.lookup(cfg._launches.fast, key, ptrs, fw[4])),
+         lambda: fastpath.lookup(cfg._launches.fast, key, ptrs, fw.current_device)),
         ("7 per-call fields (old: NumPy item writes; new: memoryview)", old_writes,
          lambda: seven_writes(plan.words)),
         ("driver call (old: cuLaunchKernel, argtypes, 11 args; new: Ex, 4 ready args)",

@@ -10,14 +10,36 @@ entries live in the owner's ``cuprope.config.LaunchCache.fast``.
 from __future__ import annotations
 
 import threading
+from typing import Any, Callable, NamedTuple
 
-# A framework is an adapter tuple (collect, ptr, alloc, stream, current_device):
-#   collect(arrays, key, ptrs): appends each array's signature to the list
-#       ``key`` and its pointer to ``ptrs`` (None and 0 for None), or raises
-#       NoFastPath when an array is not of that framework;
-#   ptr(a): data pointer; alloc(x): a new output laid out as the general
-#   path's; stream(device): the current stream's handle; current_device().
-# ADAPTERS maps the module of the framework's array type to its adapter; an
+
+class Adapter(NamedTuple):
+    """How the fast paths read one framework's arrays.
+
+    ``collect(arrays, key, ptrs)`` appends each array's signature to the list
+    ``key`` and its pointer to ``ptrs`` (None and 0 for None), or raises
+    NoFastPath when an array is not of that framework; ``ptr(a)``: the data
+    pointer; ``alloc(x)``: a new output laid out as the general path's;
+    ``stream(device)``: the current stream's handle; ``current_device()``."""
+
+    collect: Callable
+    ptr: Callable
+    alloc: Callable
+    stream: Callable
+    current_device: Callable
+
+
+class Ticket(NamedTuple):
+    """A call's fast-path identity: ``key`` (the settings' header and every
+    array's signature), ``ptrs`` (the arrays' pointers, 0 for None) and
+    ``pairs`` (the (i, j) array pairs the general path checks for overlap)."""
+
+    key: tuple
+    ptrs: list
+    pairs: Any
+
+
+# ADAPTERS maps the module of the framework's array type to its Adapter; an
 # adapter is built when a call of its framework first takes the general path.
 
 ADAPTERS: dict = {}
@@ -90,16 +112,16 @@ class Entry:
 
 
 def ticket(fw, header, arrays, pairs=()):
-    """(key, ptrs, pairs) of a call whose arrays are all of ``fw``'s framework
-    (on a GPU), else None (also for fw None: no fast path for the framework)."""
+    """The Ticket of a call whose arrays are all of ``fw``'s framework (on a
+    GPU), else None (also for fw None: no fast path for the framework)."""
     if fw is None:
         return None
     key, ptrs = list(header), []
     try:
-        fw[0](arrays, key, ptrs)
+        fw.collect(arrays, key, ptrs)
     except NoFastPath:
         return None
-    return tuple(key), ptrs, pairs
+    return Ticket(tuple(key), ptrs, pairs)
 
 
 def remember(plans, tkt, spans, payload):
@@ -126,8 +148,8 @@ def registered(plans, tkt):
     general-path call that has validated its arrays reuses it."""
     if tkt is None:
         return None
-    entry = plans.get(tkt[0])
-    return None if entry is None else entry.launch(tkt[1])
+    entry = plans.get(tkt.key)
+    return None if entry is None else entry.launch(tkt.ptrs)
 
 
 def lookup(plans, key, ptrs, current_device):
@@ -149,7 +171,7 @@ def fast_call(plans, fw, header, arrays):
         return False
     key, ptrs = list(header), []
     try:
-        fw[0](arrays, key, ptrs)
+        fw.collect(arrays, key, ptrs)
         entry = plans.get(tuple(key))
     except NoFastPath:
         return False
@@ -158,9 +180,9 @@ def fast_call(plans, fw, header, arrays):
     if entry is None:
         return False
     hit = entry.variants.get(entry.variant(ptrs) if entry.guards else ())
-    if hit is None or fw[4]() != hit.device:
+    if hit is None or fw.current_device() != hit.device:
         return False
-    hit.run(fw[3](hit.device), *ptrs)
+    hit.run(fw.stream(hit.device), *ptrs)
     return True
 
 
@@ -205,8 +227,8 @@ def _torch_adapter():
     # The current device is the runtime's (cudaGetDevice), which the driver
     # launch runs on: torch's may be a lazily set target device that is not
     # yet current.
-    return (torch_collector(), torch.Tensor.data_ptr, torch.empty_like, stream,
-            cupy.cuda.runtime.getDevice)
+    return Adapter(torch_collector(), torch.Tensor.data_ptr, torch.empty_like, stream,
+                   cupy.cuda.runtime.getDevice)
 
 
 # CuPy
@@ -242,4 +264,5 @@ def _cupy_adapter():
     def stream(device):
         return get_stream().ptr  # the current device's (checked to be ``device``)
 
-    return (collect, operator.attrgetter("data.ptr"), alloc, stream, cupy.cuda.runtime.getDevice)
+    return Adapter(collect, operator.attrgetter("data.ptr"), alloc, stream,
+                   cupy.cuda.runtime.getDevice)

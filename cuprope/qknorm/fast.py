@@ -53,10 +53,10 @@ def _fast_entry(config, header, arrays, offset):
     if tkt is None:
         return None
     try:
-        hit = fastpath.lookup(config._launches.fast, tkt[0], tkt[1], fw[4])
+        hit = fastpath.lookup(config._launches.fast, tkt.key, tkt.ptrs, fw.current_device)
     except TypeError:  # an unhashable setting
         return None
-    return None if hit is None else (fw, hit, tkt[1])
+    return None if hit is None else (fw, hit, tkt.ptrs)
 
 
 def fast_forward(config, header, arrays, offset, inplace):
@@ -69,11 +69,11 @@ def fast_forward(config, header, arrays, offset, inplace):
         res = arrays[:2]
         o0, o1 = p[0], p[1]
     else:
-        res = (fw[2](arrays[0]), fw[2](arrays[1]))
-        o0, o1 = fw[1](res[0]), fw[1](res[1])
+        res = (fw.alloc(arrays[0]), fw.alloc(arrays[1]))
+        o0, o1 = fw.ptr(res[0]), fw.ptr(res[1])
         if (o0 | o1) % plan.align:
             return None
-    plan.run(fw[3](plan.device), p[0], p[1], o0, o1, p[2], p[3], p[4], p[5], offset)
+    plan.run(fw.stream(plan.device), p[0], p[1], o0, o1, p[2], p[3], p[4], p[5], offset)
     return res
 
 
@@ -98,15 +98,15 @@ def fast_backward(config, header, arrays, offset):
     if found is None:
         return None
     fw, hit, p = found
-    dq, dk = fw[2](arrays[2]), fw[2](arrays[3])
-    o0, o1 = fw[1](dq), fw[1](dk)
+    dq, dk = fw.alloc(arrays[2]), fw.alloc(arrays[3])
+    o0, o1 = fw.ptr(dq), fw.ptr(dk)
     if (o0 | o1) % hit.align:
         return None
-    stream = fw[3](hit.device)
+    stream = fw.stream(hit.device)
     part = qknorm_launch.workspace(hit.device, stream, hit.part_n).data.ptr if hit.part_n else 0
     hit.rows.run(stream, p[2], p[3], o0, o1, p[4], p[5], p[6], p[7], offset, p[0], p[1], part)
     dws = [None, None]
     for i, plan in hit.dws:
-        dws[i] = fw[2](arrays[4 + i])
-        plan.run(stream, fw[1](dws[i]), part)
+        dws[i] = fw.alloc(arrays[4 + i])
+        plan.run(stream, fw.ptr(dws[i]), part)
     return dq, dk, dws[0], dws[1]

@@ -54,11 +54,11 @@ def fast_path(xs, config, inverse, positions, offset, seq_offsets, outs, inplace
         return None
     key, ptrs = ["rope", get_ident(), inverse, inplace, outs is None, pdl], []
     try:
-        fw[0](xs + (positions, seq_offsets) if outs is None else (*xs, *outs, positions,
+        fw.collect(xs + (positions, seq_offsets) if outs is None else (*xs, *outs, positions,
                                                                    seq_offsets), key, ptrs)
     except NoFastPath:
         return None
-    plan = lookup(fast, tuple(key), ptrs, fw[4])
+    plan = lookup(fast, tuple(key), ptrs, fw.current_device)
     if plan is None:
         return None
     n = len(xs)
@@ -69,10 +69,10 @@ def fast_path(xs, config, inverse, positions, offset, seq_offsets, outs, inplace
         res = xs
         out0, out1 = ptrs[0], ptrs[n - 1]
     else:
-        ptr, alloc = fw[1], fw[2]
+        ptr, alloc = fw.ptr, fw.alloc
         res = tuple([alloc(x) for x in xs])
         out0, out1 = ptr(res[0]), ptr(res[-1])
         if (out0 | out1) % plan.align:
             return None
-    plan.run(fw[3](plan.device), ptrs[0], ptrs[n - 1], out0, out1, ptrs[-2], ptrs[-1], offset)
+    plan.run(fw.stream(plan.device), ptrs[0], ptrs[n - 1], out0, out1, ptrs[-2], ptrs[-1], offset)
     return tuple(res)
