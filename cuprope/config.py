@@ -17,11 +17,19 @@ _REGISTRY: "weakref.WeakValueDictionary[int, RopeConfig]" = weakref.WeakValueDic
 
 
 class LaunchCache:
-    """The typed launch caches of one owner (a RopeConfig, a table source, a
-    module's calls), filled by ``cuprope._core``: ``plans`` maps a
-    general-path call signature to its Plan (``launcher.cached_plan``);
-    ``fast`` maps a fast-path key to its ``fastpath.Entry`` (whose variants
-    are Plans)."""
+    """The launch caches of one owner (a RopeConfig, a table source, a
+    module's calls). ``fast`` maps a fast-path key to its ``fastpath.Entry``
+    (whose variants are Plans); every op registers its launches there.
+    ``plans`` maps a general-path call signature to its Plan
+    (``launcher.cached_plan``), for the ops whose general path repeats
+    (the rotation, LRPE, HF's tables: JAX arrays and ``stream=`` calls never
+    take the fast path); the others plan each general-path call anew.
+
+    The thread rule: a Plan belongs to one thread (it rewrites its own
+    parameter buffer at each launch), so every key of both maps starts with
+    the op's tag and ``threading.get_ident()``. A Plan's per-call words are
+    its pointers and offsets, written by ``Plan.run``; everything else is in
+    the key."""
 
     __slots__ = ("plans", "fast")
 

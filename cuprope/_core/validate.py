@@ -311,8 +311,8 @@ def table_rotary_dim(cinfo):
     return r
 
 
-def check_rotate_1d(info, name):
-    """An LRPE tensor: ``[B, N, H, D]`` or ``[B, N, D]``, D even, a contiguous last dim."""
+def check_bnhd(info, name):
+    """A ``[B, N, H, D]`` or ``[B, N, D]`` tensor of floats, D even, a contiguous last dim."""
     check_float(info, name)
     if len(info.shape) not in (3, 4):
         raise ValueError(f"{name} must be [B, N, H, D] or [B, N, D], got shape {tuple(info.shape)}")

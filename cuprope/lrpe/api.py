@@ -231,7 +231,7 @@ def _call(backward, x, do, theta, offset, act, dim, out):
         raise ValueError(f"offset must be an integer >= 0, got {offset}")
     if backward:
         dinfo = describe(do, "do")
-        validate.check_rotate_1d(dinfo, "do")
+        validate.check_bnhd(dinfo, "do")
         xinfo = None
         if x is None:
             if act != "none":
@@ -239,7 +239,7 @@ def _call(backward, x, do, theta, offset, act, dim, out):
                                  f"may pass x=None)")
         else:
             xinfo = describe(x, "x")
-            validate.check_rotate_1d(xinfo, "x")
+            validate.check_bnhd(xinfo, "x")
             validate.check_same_kind(xinfo, dinfo, "x", "do")
             if tuple(xinfo.shape) != tuple(dinfo.shape):
                 raise ValueError(f"x and do must have the same shape, got {tuple(xinfo.shape)} "
@@ -248,7 +248,7 @@ def _call(backward, x, do, theta, offset, act, dim, out):
         inputs = [i for i in (dinfo, xinfo) if i is not None]
     else:
         xinfo = describe(x, "x")
-        validate.check_rotate_1d(xinfo, "x")
+        validate.check_bnhd(xinfo, "x")
         main = xinfo
         inputs = [xinfo]
     b, n, h, d = _bnhd(main)

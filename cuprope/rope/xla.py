@@ -43,7 +43,7 @@ def check_avals(call, avals):
         b, s, _ = validate.check_rotated(xs, names, call.layout, r)
         validate.check_tables(rest[0], rest[1], xs[0], b, s, call.layout)
     else:
-        validate.check_rotate_1d(xs[0], "x")
+        validate.check_bnhd(xs[0], "x")
         b, n = xs[0].shape[:2]
         validate.check_tokens(b * n, "B*N")
         if call.offset < 0 or (n and call.offset + n - 1 > validate.MAX_POSITION):
