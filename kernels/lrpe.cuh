@@ -5,7 +5,24 @@
 
 #include "common.cuh"
 
+#if !defined(CUPROPE_ACT_NONE) || !defined(CUPROPE_ACT_RELU) || !defined(CUPROPE_ACT_SIGMOID) || \
+    !defined(CUPROPE_ACT_SILU) || !defined(CUPROPE_ACT_SOFTMAX) ||                            \
+    !defined(CUPROPE_ACT_SOFTMAX_SEQ) || !defined(CUPROPE_SEQ_SLICES)
+#error "CUPROPE_ACT_* and CUPROPE_SEQ_SLICES are defined by cuprope/_core/loader.py (compile_options)"
+#endif
+
 namespace cuprope {
+
+// Activations before the rotation (rope_kernel's ACT).
+constexpr int kActNone = CUPROPE_ACT_NONE;
+constexpr int kActRelu = CUPROPE_ACT_RELU;
+constexpr int kActSigmoid = CUPROPE_ACT_SIGMOID;
+constexpr int kActSilu = CUPROPE_ACT_SILU;
+constexpr int kActSoftmax = CUPROPE_ACT_SOFTMAX;  // over the head dim: a row reduction in the warp
+constexpr int kActSoftmaxSeq = CUPROPE_ACT_SOFTMAX_SEQ;  // over the sequence: lrpe_seq_stats_kernel
+
+// Sequence slices of lrpe_seq_stats_kernel: its block is (32, kSeqSlices).
+constexpr int kSeqSlices = CUPROPE_SEQ_SLICES;
 
 // The sigmoid-based activations take e^-x from the SFU (__expf: ex2.approx of
 // x * log2(e), within 2 + 1.2|x| ulp) and divide with __fdividef (a reciprocal

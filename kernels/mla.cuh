@@ -33,6 +33,19 @@
 
 namespace cuprope {
 
+// The pass-through packs and the rotated
+// chunks a lane loads before it stores.
+#if !defined(CUPROPE_MLA_UNROLL) || !defined(CUPROPE_MLA_ROT_UNROLL)
+#error "CUPROPE_MLA_UNROLL / _ROT_UNROLL are defined by cuprope/_core/loader.py (compile_options)"
+#endif
+constexpr int kMlaUnroll = CUPROPE_MLA_UNROLL;
+constexpr int kMlaRotUnroll = CUPROPE_MLA_ROT_UNROLL;
+// ... and the blocks of kThreads threads that must fit an SM at once.
+#if !defined(CUPROPE_MLA_MIN_BLOCKS) || CUPROPE_MLA_MIN_BLOCKS < 1
+#error "CUPROPE_MLA_MIN_BLOCKS (>= 1) is defined by cuprope/_core/loader.py (compile_options)"
+#endif
+constexpr int kMlaMinBlocks = CUPROPE_MLA_MIN_BLOCKS;
+
 // The kernel's third argument (host mirror MLA_ARGS in cuprope/mla/kernels.py):
 // the absorbed q_nope and its output, and the widths.
 struct MlaArgs {

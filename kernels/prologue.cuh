@@ -21,6 +21,13 @@
 
 namespace cuprope {
 
+// Blocks of kQkThreads threads that
+// must fit an SM at once (the prologue's __launch_bounds__).
+#if !defined(CUPROPE_PROLOGUE_MIN_BLOCKS) || CUPROPE_PROLOGUE_MIN_BLOCKS < 1
+#error "CUPROPE_PROLOGUE_MIN_BLOCKS (>= 1) is defined by cuprope/_core/loader.py (compile_options)"
+#endif
+constexpr int kPrologueMinBlocks = CUPROPE_PROLOGUE_MIN_BLOCKS;
+
 // The prologue's own words (host mirror PROLOGUE_ARGS in cuprope/prologue/launch.py).
 struct PrologueArgs {
   long long norm_blocks;  // blocks [0, norm_blocks) norm q and k; the others copy v

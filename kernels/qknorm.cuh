@@ -38,7 +38,36 @@
 #include "common.cuh"
 #include "rope.cuh"
 
+#if !defined(CUPROPE_QKNORM_WARPS) || !defined(CUPROPE_QKNORM_MIN_BLOCKS) ||       \
+    !defined(CUPROPE_QKNORM_MIN_BLOCKS_BWD) || !defined(CUPROPE_QKNORM_DW_PAD) ||   \
+    !defined(CUPROPE_QKNORM_STAGES) || !defined(CUPROPE_QKNORM_STAGES_BWD)
+#error "the CUPROPE_QKNORM_* constants are defined by cuprope/_core/loader.py (compile_options)"
+#endif
+// The tuning values the QK-norm kernels cannot work with.
+#if CUPROPE_QKNORM_WARPS < 1 || CUPROPE_QKNORM_WARPS > 32
+#error "CUPROPE_QKNORM_WARPS: 1 to 32 warps per block"
+#endif
+#if CUPROPE_QKNORM_MIN_BLOCKS < 1 || CUPROPE_QKNORM_MIN_BLOCKS_BWD < 1
+#error "CUPROPE_QKNORM_MIN_BLOCKS*: at least one block per SM"
+#endif
+#if CUPROPE_QKNORM_STAGES < 2 || CUPROPE_QKNORM_STAGES > 8 || CUPROPE_QKNORM_STAGES_BWD == 1 || \
+    CUPROPE_QKNORM_STAGES_BWD < 0 || CUPROPE_QKNORM_STAGES_BWD > 8
+#error "CUPROPE_QKNORM_STAGES(_BWD): a ring of 2 to 8 units per warp (backward: 0, registers)"
+#endif
+#if CUPROPE_QKNORM_DW_PAD < 0 || CUPROPE_QKNORM_DW_PAD % 4 != 0
+#error "CUPROPE_QKNORM_DW_PAD: whole float4s (the dw rows are read and written as float4)"
+#endif
+
 namespace cuprope {
+
+// Warps per block of every QK-norm kernel, so threads per block (their
+// __launch_bounds__), and the floats of padding after each head row of the
+// fast backward's dw terms in shared memory (kDwPad's note).
+constexpr int kQkWarps = CUPROPE_QKNORM_WARPS;
+constexpr int kQkThreads = 32 * kQkWarps;
+constexpr int kDwPad = CUPROPE_QKNORM_DW_PAD;
+constexpr int kQkStages = CUPROPE_QKNORM_STAGES;  // qknorm_ring_stages
+constexpr int kQkStagesBwd = CUPROPE_QKNORM_STAGES_BWD;
 
 // The launch argument: RopeArgs (tensors, positions, angles; in_ptr is x in
 // the forward and dy in the backward) and the norm's fields. Every field is 8
@@ -523,7 +552,7 @@ __device__ __forceinline__ float head_weight(const QkNormArgs& a, int t, int e) 
 }
 
 // The head rows of dw terms in shared memory are part_cols + kDwPad floats
-// apart (kDwPad: CUPROPE_QKNORM_DW_PAD, constants.cuh): with an odd number
+// apart (kDwPad: CUPROPE_QKNORM_DW_PAD, above): with an odd number
 // of 16-byte slots per row, the float4 accesses of a warp's rpw rows and cpr
 // chunks spread over all banks (unpadded, the rows fell on the same banks:
 // ncu counted 59 % excess wavefronts).

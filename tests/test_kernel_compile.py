@@ -196,7 +196,7 @@ def test_a_missing_constant_stops_the_compile():
     ("CUPROPE_QKNORM_MIN_BLOCKS=0", "MIN_BLOCKS*: at least one"),
     ("CUPROPE_QKNORM_DW_PAD=2", "CUPROPE_QKNORM_DW_PAD: whole float4s")])
 def test_a_tuning_value_the_kernels_cannot_take_stops_the_compile(bad, says):
-    """constants.cuh checks the tuning values that reach the kernels (each
+    """The headers check the tuning values that reach the kernels (each
     here through a -D option, as CUPROPE_KERNEL_DEFINES would set it)."""
     name = bad.partition("=")[0]
     opts = [o for o in _loader.compile_options() if not o.startswith(f"-D{name}=")] + [f"-D{bad}"]

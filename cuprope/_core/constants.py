@@ -1,9 +1,9 @@
 """The registry of the constants the kernels share with the host (codes) and
 of the tuning values they compile with: each op's kernel record declares its
 own (``kernels.register``). Every one reaches the kernels as a ``-D`` option
-(``loader.compile_options``), the headers keep no defaults
-(``kernels/constants.cuh`` checks them), and the host reads the same merged
-values, so the two cannot disagree."""
+(``loader.compile_options``), the headers keep no defaults (each op's
+header checks its own), and the host reads the same merged values, so the
+two cannot disagree."""
 from __future__ import annotations
 
 import os
