@@ -415,14 +415,15 @@ def test_vector_width_and_pass_through_packs():
     """16-byte packs only where every array (fp8 ones by their 1-byte items)
     and R/2 and the tail allow them; two packs per pass-through chunk where
     the tail splits evenly."""
-    from cuprope.kvcache.launch import copy_packs, pick_kv_vec
+    from cuprope.kvcache.launch import copy_packs, pick_pack_vec
     ok = [(4096, 2, (6144, 128)), (8192, 1, (2048, 1024, 128))]
-    assert pick_kv_vec("bfloat16", ok, 64, 0) == 8
-    assert pick_kv_vec("float32", [(4096, 4, (512, 128))], 64, 0) == 4
-    assert pick_kv_vec("bfloat16", ok + [(4098, 2, (128,))], 64, 0) == 1   # q off by one element
-    assert pick_kv_vec("bfloat16", ok + [(4100, 1, (128,))], 64, 0) == 1   # an fp8 cache off by 4
-    assert pick_kv_vec("bfloat16", ok + [(4096, 2, (132,))], 64, 0) == 1
-    assert pick_kv_vec("bfloat16", ok, 36, 0) == 1 and pick_kv_vec("bfloat16", ok, 32, 4) == 1
+    assert pick_pack_vec("bfloat16", ok, (64, 0)) == 8
+    assert pick_pack_vec("float32", [(4096, 4, (512, 128))], (64, 0)) == 4
+    assert pick_pack_vec("bfloat16", ok + [(4098, 2, (128,))], (64, 0)) == 1   # q off by one
+    assert pick_pack_vec("bfloat16", ok + [(4100, 1, (128,))], (64, 0)) == 1   # fp8 cache off by 4
+    assert pick_pack_vec("bfloat16", ok + [(4096, 2, (132,))], (64, 0)) == 1
+    assert pick_pack_vec("bfloat16", ok, (36, 0)) == 1
+    assert pick_pack_vec("bfloat16", ok, (32, 4)) == 1
     assert copy_packs(0, 8, True) == 0 and copy_packs(64, 8, False) == 0
     assert copy_packs(64, 8, True) == 2 and copy_packs(8, 8, True) == 1
 

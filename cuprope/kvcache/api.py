@@ -11,7 +11,7 @@ from . import reference as kref
 from .._core import engine, fastpath, validate
 from .._core.arrays import describe, overlaps
 from .._core import launcher
-from .launch import angle_table, copy_packs, kv_spec, pick_kv_vec
+from .launch import angle_table, copy_packs, kv_spec, pick_pack_vec
 from ..rope.kernels import KV_ANGLES
 from .kernels import KV_FP8_CACHE, KV_FP8_Q
 from .._core.torch_guard import engaged_any
@@ -309,10 +309,10 @@ def _gpu_append(config, qi, ki, vi, qo, pos, cache, addr, scales, pdl=False):
     fp8 = (KV_FP8_Q if scales["q"] is not None else 0) | (
         KV_FP8_CACHE if scales["k"] is not None else 0)
     cache_isz = 1 if fp8 & KV_FP8_CACHE else qi.itemsize
-    vec = pick_kv_vec(qi.dtype, [(qi.ptr, qi.itemsize, qst), (ki.ptr, ki.itemsize, kst),
-                                 (vi.ptr, vi.itemsize, vst), (qo.ptr, qo.itemsize, qost),
-                                 (kloc[0], cache_isz, kloc[1]), (vloc[0], cache_isz, vloc[1])],
-                      r // 2, d - r)
+    vec = pick_pack_vec(qi.dtype, [(qi.ptr, qi.itemsize, qst), (ki.ptr, ki.itemsize, kst),
+                                   (vi.ptr, vi.itemsize, vst), (qo.ptr, qo.itemsize, qost),
+                                   (kloc[0], cache_isz, kloc[1]), (vloc[0], cache_isz, vloc[1])],
+                        (r // 2, d - r))
     inv_freq, smap = config.device_tables(qi.device)
     rope = dict(in_ptr=(qi.ptr, ki.ptr), out_ptr=(qo.ptr, 0), in_sb=(qst[0], kst[0]),
                 in_ss=(qst[1], kst[1]), in_sh=(qst[2], kst[2]), out_sb=(qost[0], 0),

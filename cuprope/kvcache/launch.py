@@ -15,13 +15,15 @@ from ..rope.launch import MAX_STEPS, grid_for
 from .kernels import kv_family_of, kv_kernel_name
 
 
-def pick_kv_vec(dtype, arrays, npairs, tail) -> int:
-    """The widest instantiated width (16-byte packs of ``dtype``) when every
+def pick_pack_vec(dtype, arrays, widths) -> int:
+    """The widest instantiated pack width (16 bytes of ``dtype``) when every
     array allows it, else 1. ``arrays``: (pointer in bytes, item size,
-    strides in elements) of each array the kernel moves packs of (fp8 arrays
-    have item size 1: the same width is VEC bytes there)."""
+    strides in elements) of each array moved in packs (fp8 arrays have item
+    size 1: the same width is VEC bytes there); ``widths``: the row widths
+    the packs tile (R/2 for the rotated halves, the pass-through tail; MLA's
+    Dn and Dc)."""
     widest = lrpe_vec_widths(dtype)[0]
-    if npairs % widest or tail % widest:
+    if any(w % widest for w in widths):
         return 1
     for ptr, itemsize, strides in arrays:
         if ptr % (widest * itemsize) or any(s % widest for s in strides):

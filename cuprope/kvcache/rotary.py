@@ -13,7 +13,7 @@ from . import reference as kref
 from .._core import engine, fastpath, validate
 from .._core.arrays import describe, overlaps
 from .._core import launcher
-from .launch import kv_spec, pick_kv_vec
+from .launch import kv_spec, pick_pack_vec
 from ..rope.kernels import KV_COS_SIN_F32, KV_COS_SIN_T
 from . import cache_copy
 from .arrays import index_info, np_view, to_host
@@ -135,8 +135,8 @@ def rotate_by_cache(positions, query, key, head_size, cos_sin_cache, is_neox, ch
     r = ci.shape[1]
     qoff = off * qi.itemsize  # the rotated dims start rope_dim_offset elements into each head
     koff = off * ki.itemsize if ki is not None else 0
-    vec = pick_kv_vec(qi.dtype, [(qi.ptr + qoff, qi.itemsize, qst)] + (
-        [(ki.ptr + koff, ki.itemsize, kst)] if ki is not None else []), r // 2, 0)
+    vec = pick_pack_vec(qi.dtype, [(qi.ptr + qoff, qi.itemsize, qst)] + (
+        [(ki.ptr + koff, ki.itemsize, kst)] if ki is not None else []), (r // 2, 0))
     kp = ki.ptr + koff if ki is not None else 0
     rope = dict(in_ptr=(qi.ptr + qoff, kp), out_ptr=(qi.ptr + qoff, kp),
                 in_sb=(qst[0], kst[0]), in_ss=(qst[1], kst[1]), in_sh=(qst[2], kst[2]),

@@ -17,7 +17,8 @@ from ..config import RopeConfig
 from ..kvcache.arrays import index_info, np_view, to_host
 from ..kvcache.caches import (addressing, addressing_fields, check_scales, refuse_jax,
                               scale_info)
-from .launch import mla_spec, pick_vec
+from ..kvcache.launch import pick_pack_vec
+from .launch import mla_spec
 from .reference import rotate_pe
 
 __all__ = ["rope_append_mla"]
@@ -409,7 +410,7 @@ def _spec(config, a, calls=(), pdl=False):
         arrays += [(qni.ptr, qni.itemsize, qni.strides[:2]),
                    (qnoi.ptr, qnoi.itemsize, qnoi.strides[:2])]
         widths.append(qni.shape[2])
-    vec = pick_vec(qi.dtype, arrays, widths)
+    vec = pick_pack_vec(qi.dtype, arrays, widths)
     inv_freq, _ = config.device_tables(qi.device)
     pos = a["pos"]
     rope = dict(in_ptr=(qi.ptr, ki.ptr), out_ptr=(qoi.ptr, 0), in_ss=(qi.strides[0],

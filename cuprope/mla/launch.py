@@ -12,7 +12,6 @@ from .._core import launcher
 from .._core.launch import sm_count
 from .._core.loader import tuning
 from ..rope.args import KV_ARGS, ROPE_ARGS
-from ..rope.kernels import lrpe_vec_widths
 from .kernels import FAMILY as MLA_FAMILY, MLA_ARGS, mla_kernel_name
 
 THREADS = tuning("CUPROPE_THREADS")  # the kernel's bound (kThreads)
@@ -22,21 +21,6 @@ WARPS = THREADS // 32
 # (decode); with many, a warp takes a whole token and computes its cos/sin once.
 RESIDENT_WARPS_PER_SM = tuning("CUPROPE_MLA_WARPS_PER_SM")
 FIXED_ROWS_PER_WARP = tuning("CUPROPE_MLA_ROWS_PER_WARP")  # 0: from the warps per SM
-
-
-def pick_vec(dtype, arrays, widths) -> int:
-    """The widest instantiated pack width (16 bytes of ``dtype``) when every
-    array allows it, else 1. ``arrays``: (pointer in bytes, item size,
-    strides in elements) of each array moved in packs (fp8 ones have item
-    size 1); ``widths``: the row widths the packs tile (R/2 for the rotated
-    halves, Dn, Dc)."""
-    widest = lrpe_vec_widths(dtype)[0]
-    if any(w % widest for w in widths):
-        return 1
-    for ptr, itemsize, strides in arrays:
-        if ptr % (widest * itemsize) or any(s % widest for s in strides):
-            return 1
-    return widest
 
 
 def rows_per_warp(device, tokens, heads) -> int:
