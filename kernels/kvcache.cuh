@@ -39,9 +39,9 @@ constexpr int kKvTablesT = CUPROPE_KV_TABLES_T;      // [B, S, R] cos, sin table
 constexpr int kKvFp8Q = CUPROPE_KV_FP8_Q;             // q's output in e4m3
 constexpr int kKvFp8Cache = CUPROPE_KV_FP8_CACHE;     // the k and v caches in e4m3
 
-// The KV-cache append: blocks of kThreads threads that
-// must fit an SM at once (kv_rope_kernel's __launch_bounds__; 0: none
-// stated), and the same for its WIDE instantiations (many-wave grids).
+// Blocks of kThreads threads that must fit an SM at once (kv_rope_kernel's
+// __launch_bounds__; 0: none stated), and the same for its WIDE
+// instantiations (many-wave grids).
 #if !defined(CUPROPE_KV_MIN_BLOCKS) || CUPROPE_KV_MIN_BLOCKS < 0 || \
     !defined(CUPROPE_KV_WIDE_MIN_BLOCKS) || CUPROPE_KV_WIDE_MIN_BLOCKS < 0
 #error "CUPROPE_KV_(WIDE_)MIN_BLOCKS (>= 0) are defined by cuprope/_core/loader.py (compile_options)"

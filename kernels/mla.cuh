@@ -33,8 +33,7 @@
 
 namespace cuprope {
 
-// The pass-through packs and the rotated
-// chunks a lane loads before it stores.
+// The pass-through packs and the rotated chunks a lane loads before it stores.
 #if !defined(CUPROPE_MLA_UNROLL) || !defined(CUPROPE_MLA_ROT_UNROLL)
 #error "CUPROPE_MLA_UNROLL / _ROT_UNROLL are defined by cuprope/_core/loader.py (compile_options)"
 #endif

@@ -21,8 +21,8 @@
 
 namespace cuprope {
 
-// Blocks of kQkThreads threads that
-// must fit an SM at once (the prologue's __launch_bounds__).
+// Blocks of kQkThreads threads that must fit an SM at once (the prologue's
+// __launch_bounds__).
 #if !defined(CUPROPE_PROLOGUE_MIN_BLOCKS) || CUPROPE_PROLOGUE_MIN_BLOCKS < 1
 #error "CUPROPE_PROLOGUE_MIN_BLOCKS (>= 1) is defined by cuprope/_core/loader.py (compile_options)"
 #endif
