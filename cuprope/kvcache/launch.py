@@ -8,9 +8,8 @@ from .._core import launcher
 from .._core.launch import sm_count
 from .._core.loader import ITEMSIZE, tuning
 from ..rope import decode
-from ..rope.kernels import lrpe_vec_widths
 from ..rope.args import KV_ARGS, ROPE_ARGS
-from ..rope.kernels import KV_ANGLES, SRC_SHARED
+from ..rope.kernels import KV_ANGLES, SRC_SHARED, lrpe_vec_widths
 from ..rope.launch import MAX_STEPS, grid_for
 from .kernels import kv_family_of, kv_kernel_name
 

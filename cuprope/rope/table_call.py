@@ -103,5 +103,4 @@ def _gpu_backend(src, infos, out_infos, cinfo, sinfo, tstrides, r, inverse, bsd,
         head_dim=d, rot_dim=r, copy_rest=copy_rest, pos=None, seq_off=None, inv_freq_ptr=0,
         freq_sh=0, stream_map_ptr=0, scale=1.0, sin_sign=-1.0 if inverse else 1.0,
         table=(cinfo.ptr, sinfo.ptr) + tstrides, decode_tables=True), device)
-    return run_plan(plan, src, infos, out_infos, stream_ptr, cinfo.ptr,
-                           sinfo.ptr, 0, cache_key)
+    return run_plan(plan, src, infos, out_infos, stream_ptr, cinfo.ptr, sinfo.ptr, 0, cache_key)
